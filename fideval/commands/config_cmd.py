@@ -1,0 +1,37 @@
+"""``fideval validate`` and ``fideval schema``: check a config before a long run; emit its JSON schema."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import typer
+
+from fideval.errors import FidevalError
+
+
+def register(app: typer.Typer) -> None:
+    @app.command()
+    def validate(config: Path = typer.Argument(..., help="YAML config to check")) -> None:
+        """Check a config: unknown keys, bad values, impossible lengths, missing files."""
+        from fideval.config import check_files, load_config
+
+        cfg = load_config(config)
+        problems = check_files(cfg)
+        if problems:
+            more = f" (and {len(problems) - 1} more)" if len(problems) > 1 else ""
+            raise FidevalError(f"{config}: {problems[0]}{more}", hint="fix the path or create the file")
+        typer.echo(f"{config}: ok (run '{cfg.run}', {len(cfg.domains)} domains, {len(cfg.candidates)} candidates)")
+
+    @app.command()
+    def schema(out: Path = typer.Option(None, "--out", help="write here instead of stdout")) -> None:
+        """Print the config's JSON schema (generated from fideval/config.py)."""
+        import json
+
+        from fideval.config import json_schema
+        from fideval.fsio import write_text
+
+        text = json.dumps(json_schema(), indent=2, sort_keys=True) + "\n"
+        if out is None:
+            typer.echo(text, nl=False)
+        else:
+            write_text(out, text)

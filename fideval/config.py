@@ -1,0 +1,298 @@
+"""The one typed configuration model. Everything else (JSON schema for Snakemake, docs, validation) is
+generated from these classes, so the config is described exactly once.
+
+Relative paths resolve against the working directory (Snakemake runs from the repository root);
+``demo://...`` names a file shipped inside the installed package under ``fideval/demo/assets/``.
+"""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+from typing import Annotated, Any, Literal
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+
+from fideval.errors import FidevalError
+
+DEMO_ROOT = Path(__file__).resolve().parent / "demo" / "assets"
+HEX40 = re.compile(r"^[0-9a-f]{40}$")
+
+
+def resolve_path(p: str | Path) -> Path:
+    """Resolve a config path: ``demo://x`` -> the packaged demo asset ``x``; else relative to the CWD."""
+    s = str(p)
+    if s.startswith("demo://"):
+        return DEMO_ROOT / s.removeprefix("demo://")
+    return Path(s).expanduser()
+
+
+class Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+class LocalSource(Strict):
+    """Documents from a local file: ``.jsonl`` (one JSON object a line), ``.parquet``, or ``.txt``
+    (documents separated by blank lines... see ``fideval/windows/sources.py`` for the exact rule)."""
+
+    type: Literal["local"] = "local"
+    path: str = Field(description="file path (jsonl, parquet or txt); demo:// for packaged demo files")
+    text_field: str | None = Field(None, description="field holding the document text")
+    messages_field: str | None = Field(
+        None, description="field holding a list of {role, content} messages, rendered with the chat template"
+    )
+
+    @model_validator(mode="after")
+    def _one_field(self) -> "LocalSource":
+        if self.text_field and self.messages_field:
+            raise ValueError("give text_field or messages_field, not both")
+        return self
+
+
+class HubSource(Strict):
+    """A Hugging Face ``datasets`` dataset pinned by revision."""
+
+    type: Literal["hf"] = "hf"
+    id: str = Field(description="dataset id on the Hub, e.g. 'HuggingFaceFW/fineweb-edu'")
+    config: str | None = Field(None, description="dataset configuration name")
+    split: str = "train"
+    revision: str = Field(description="git revision; a 40-hex commit for reproducible runs")
+    text_field: str | None = None
+    messages_field: str | None = None
+    streaming: bool = Field(True, description="stream rows instead of downloading the whole split")
+
+    @model_validator(mode="after")
+    def _one_field(self) -> "HubSource":
+        if self.text_field and self.messages_field:
+            raise ValueError("give text_field or messages_field, not both")
+        return self
+
+
+Source = Annotated[LocalSource | HubSource, Field(discriminator="type")]
+
+
+class Domain(Strict):
+    name: str = Field(pattern=r"^[a-z0-9][a-z0-9_-]*$", description="short domain name used in file names and tables")
+    source: Source
+    kind: Literal["text", "chat"] = Field(
+        "text", description="'chat' domains are screened per conversation (stricter threshold) before packing"
+    )
+
+
+class ModelRef(Strict):
+    path: str = Field(description="checkpoint folder in the Hugging Face layout (config.json, *.safetensors)")
+    id: str = Field(description="model id recorded in reports and cards, e.g. 'deepseek-ai/DeepSeek-V3'")
+    revision: str | None = Field(None, description="the checkpoint's Hub commit, recorded for provenance")
+    tokenizer: str | None = Field(None, description="tokenizer folder; defaults to the model folder")
+    trust_remote_code: bool = Field(False, description="run the checkpoint's own Python code (logged in the report)")
+
+
+class WindowsConfig(Strict):
+    window_tokens: int = Field(8192, gt=0, description="tokens per evaluation window")
+    cut_tokens: int = Field(2048, gt=0, description="tokens per cut; each cut runs as a fresh sequence")
+    windows_per_domain: int = Field(4, gt=0)
+    seed: int = 0
+    separator: Literal["eos", "bos", "bos_eos", "none"] = Field(
+        "eos", description="how packed documents are joined: EOS after each, BOS before each, both, or nothing"
+    )
+
+    @model_validator(mode="after")
+    def _cut_divides(self) -> "WindowsConfig":
+        if self.cut_tokens > self.window_tokens or self.window_tokens % self.cut_tokens:
+            raise ValueError(
+                f"cut_tokens ({self.cut_tokens}) must divide window_tokens ({self.window_tokens})"
+            )
+        return self
+
+
+class ScreenConfig(Strict):
+    calibration: list[Source] = Field(default_factory=list, description="the data the quant was calibrated on")
+    ngram: int = Field(13, ge=1)
+    unit: Literal["words", "tokens"] = Field("words", description="normalised-word 13-grams (default) or token ids")
+    max_window_fraction: float = Field(0.05, ge=0, le=1)
+    max_conversation_fraction: float = Field(0.02, ge=0, le=1)
+    max_replacements: int = Field(64, ge=0, description="give up after this many rebuilt windows per domain")
+
+
+class TeacherConfig(Strict):
+    device: Literal["auto", "cpu", "cuda"] = "auto"
+    dtype: Literal["float32", "bfloat16"] = Field("float32", description="compute dtype of the layers; logits are FP32")
+    model_parallel: int = Field(1, ge=1, description="ranks (torchrun) over which experts and heads are split")
+    lengths: list[Literal["windows", "cuts"]] = Field(default_factory=lambda: ["windows", "cuts"])
+    micro_batch: int = Field(1, ge=1, description="sequences per forward; fixed so results are reproducible")
+
+
+class ModuleQuant(Strict):
+    format: str = Field(description="target format, e.g. mxfp4, nvfp4, fp8_block, gguf_q4_0, int4")
+    recipe: str | None = Field(None, description="encoder recipe, e.g. rceil or floor for MX; default per format")
+    group: int | None = Field(None, gt=0, description="group/block size where the format allows a choice")
+
+
+class QuantSpec(Strict):
+    routed_experts: ModuleQuant | None = None
+    shared_experts: ModuleQuant | None = None
+    attention: ModuleQuant | None = None
+    dense_mlp: ModuleQuant | None = None
+    lm_head: ModuleQuant | None = None
+
+
+class Candidate(Strict):
+    name: str = Field(pattern=r"^[a-z0-9][a-z0-9_.-]*$")
+    quant: QuantSpec | None = Field(None, description="emulated quantization applied to the reference checkpoint")
+    checkpoint: str | None = Field(None, description="a real quantized checkpoint (GGUF file or folder) instead")
+    paths: list[Literal["serving", "weights-only"]] = Field(
+        default_factory=lambda: ["serving", "weights-only"],
+        description="'serving' quantizes activations entering quantized modules to E4M3 per 1x128; 'weights-only' does not",
+    )
+
+    @model_validator(mode="after")
+    def _one_source(self) -> "Candidate":
+        if (self.quant is None) == (self.checkpoint is None):
+            raise ValueError("give exactly one of quant (emulated) or checkpoint (real quantized build)")
+        return self
+
+
+class ScoreConfig(Strict):
+    cpu_check_every: int = Field(1000, ge=1, description="check 1 row in this many (plus first/last) on the CPU in float64")
+    cpu_check_tolerance: float = Field(2e-12, gt=0)
+    on_nonfinite: Literal["fail", "skip"] = "fail"
+
+
+class Gates(Strict):
+    mean_kld_max: float | None = Field(None, ge=0, description="fail `fideval check` when mean KLD exceeds this")
+    top1_min: float | None = Field(None, ge=0, le=1)
+
+
+class ReportConfig(Strict):
+    resamples: int = Field(10_000, ge=100, description="bootstrap resamples B")
+    seed: int = 0
+    confidence: float = Field(0.95, gt=0.5, lt=1)
+    quantiles: list[float] = Field(default_factory=lambda: [0.5, 0.9, 0.99, 0.999])
+    gates: Gates = Field(default_factory=Gates)
+    base_model: str | None = Field(None, description="model-card base_model; defaults to model.id")
+    card_template: str | None = Field(None, description="a jinja2 template replacing the card's markdown body")
+
+
+class Config(Strict):
+    """A whole evaluation: which model, which data, which candidates, how to report."""
+
+    run: str = Field(pattern=r"^[A-Za-z0-9][A-Za-z0-9_.-]*$", description="run name: results/<run>/, reports/<run>/")
+    strict: bool = Field(False, description="require 40-hex revisions for every model and dataset")
+    model: ModelRef
+    domains: list[Domain] = Field(min_length=1)
+    windows: WindowsConfig = Field(default_factory=WindowsConfig)
+    screen: ScreenConfig = Field(default_factory=ScreenConfig)
+    teacher: TeacherConfig = Field(default_factory=TeacherConfig)
+    candidates: list[Candidate] = Field(default_factory=list)
+    score: ScoreConfig = Field(default_factory=ScoreConfig)
+    report: ReportConfig = Field(default_factory=ReportConfig)
+
+    @field_validator("domains")
+    @classmethod
+    def _unique_domains(cls, v: list[Domain]) -> list[Domain]:
+        names = [d.name for d in v]
+        dup = {n for n in names if names.count(n) > 1}
+        if dup:
+            raise ValueError(f"domain names repeat: {sorted(dup)}")
+        return v
+
+    @field_validator("candidates")
+    @classmethod
+    def _unique_candidates(cls, v: list[Candidate]) -> list[Candidate]:
+        names = [c.name for c in v]
+        dup = {n for n in names if names.count(n) > 1}
+        if dup:
+            raise ValueError(f"candidate names repeat: {sorted(dup)}")
+        return v
+
+    @model_validator(mode="after")
+    def _strict_revisions(self) -> "Config":
+        if not self.strict:
+            return self
+        revs = [("model.revision", self.model.revision)]
+        revs += [(f"domains.{d.name}.source.revision", d.source.revision) for d in self.domains if d.source.type == "hf"]
+        revs += [(f"screen.calibration[{i}].revision", s.revision) for i, s in enumerate(self.screen.calibration) if s.type == "hf"]
+        for key, rev in revs:
+            if rev is None or not HEX40.match(rev):
+                raise ValueError(f"{key} must be a 40-hex commit in strict mode, got {rev!r}")
+        return self
+
+    def as_plain(self) -> dict[str, Any]:
+        return self.model_dump(mode="json")
+
+
+def json_schema() -> dict[str, Any]:
+    """The JSON schema Snakemake's ``validate()`` checks the config against (generated, never hand-written)."""
+    schema = Config.model_json_schema()
+    schema["$schema"] = "http://json-schema.org/draft-07/schema#"
+    schema["description"] = "fideval evaluation config (generated from fideval/config.py; do not edit)"
+    return schema
+
+
+def _format_error(err: dict[str, Any]) -> str:
+    loc = ".".join(str(p) for p in err["loc"] if not (isinstance(p, str) and p in ("local", "hf")))
+    kind = err["type"]
+    if kind == "extra_forbidden":
+        return f"unknown key '{loc}'"
+    if kind == "missing":
+        return f"missing key '{loc}'"
+    msg = err["msg"].removeprefix("Value error, ")
+    return f"'{loc}': {msg}" if loc else msg
+
+
+def parse_config(data: Any, *, origin: str = "config") -> Config:
+    if not isinstance(data, dict):
+        raise FidevalError(f"{origin}: the config must be a mapping of keys to values")
+    try:
+        return Config.model_validate(data)
+    except ValidationError as e:
+        first = e.errors()[0]
+        more = f" (and {e.error_count() - 1} more problems)" if e.error_count() > 1 else ""
+        raise FidevalError(f"{origin}: {_format_error(first)}{more}", hint="see docs/config.md") from None
+
+
+def load_config(path: str | Path) -> Config:
+    """Read and validate a YAML config file; raise :class:`FidevalError` with one line on any problem."""
+    path = Path(path)
+    try:
+        text = path.read_text(encoding="utf-8")
+    except FileNotFoundError:
+        raise FidevalError(f"config file {path} not found") from None
+    except OSError as e:
+        raise FidevalError(f"cannot read config {path}: {e.strerror}") from None
+    try:
+        data = yaml.safe_load(text)
+    except yaml.YAMLError as e:
+        mark = getattr(e, "problem_mark", None)
+        where = f" line {mark.line + 1}" if mark else ""
+        raise FidevalError(f"{path}:{where} is not valid YAML", hint="fix the syntax") from None
+    return parse_config(data, origin=str(path))
+
+
+def check_files(cfg: Config) -> list[str]:
+    """Problems a schema cannot see: files that are missing. Returns one line per problem."""
+    problems = []
+
+    def need(key: str, p: str | None, kind: str = "file") -> None:
+        if p is None:
+            return
+        rp = resolve_path(p)
+        if not rp.exists():
+            problems.append(f"'{key}': {kind} {p} does not exist")
+
+    need("model.path", cfg.model.path, "folder")
+    if cfg.model.path and resolve_path(cfg.model.path).is_dir() and not (resolve_path(cfg.model.path) / "config.json").exists():
+        problems.append(f"'model.path': {cfg.model.path} has no config.json (expected a Hugging Face checkpoint folder)")
+    need("model.tokenizer", cfg.model.tokenizer, "folder")
+    for d in cfg.domains:
+        if d.source.type == "local":
+            need(f"domains.{d.name}.source.path", d.source.path)
+    for i, s in enumerate(cfg.screen.calibration):
+        if s.type == "local":
+            need(f"screen.calibration[{i}].path", s.path)
+    for c in cfg.candidates:
+        need(f"candidates.{c.name}.checkpoint", c.checkpoint, "checkpoint")
+    if cfg.report.card_template:
+        need("report.card_template", cfg.report.card_template)
+    return problems

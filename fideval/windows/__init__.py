@@ -1,0 +1,1 @@
+"""Evaluation windows: sources -> sampled documents -> packed windows -> cuts, screened for overlap."""
