@@ -28,6 +28,11 @@ def resolve_path(p: str | Path) -> Path:
     return Path(s).expanduser()
 
 
+def is_hub(p: str | Path | None) -> bool:
+    """``hf://ORG/NAME`` names a Hub repository, fetched at its pinned revision when a stage needs it."""
+    return p is not None and str(p).startswith("hf://")
+
+
 class Strict(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
 
@@ -81,7 +86,10 @@ class Domain(Strict):
 
 
 class ModelRef(Strict):
-    path: str = Field(description="checkpoint folder in the Hugging Face layout (config.json, *.safetensors)")
+    path: str = Field(
+        description="checkpoint folder in the Hugging Face layout (config.json, *.safetensors), or hf://ORG/NAME"
+        " fetched at `revision`"
+    )
     id: str = Field(description="model id recorded in reports and cards, e.g. 'deepseek-ai/DeepSeek-V3'")
     revision: str | None = Field(None, description="the checkpoint's Hub commit, recorded for provenance")
     tokenizer: str | None = Field(None, description="tokenizer folder; defaults to the model folder")
@@ -225,7 +233,7 @@ class Config(Strict):
 def json_schema() -> dict[str, Any]:
     """The JSON schema Snakemake's ``validate()`` checks the config against (generated, never hand-written)."""
     schema = Config.model_json_schema()
-    schema["$schema"] = "http://json-schema.org/draft-07/schema#"
+    schema["$schema"] = "https://json-schema.org/draft/2020-12/schema"
     schema["description"] = "fideval evaluation config (generated from fideval/config.py; do not edit)"
     return schema
 
@@ -275,14 +283,14 @@ def check_files(cfg: Config) -> list[str]:
     problems = []
 
     def need(key: str, p: str | None, kind: str = "file") -> None:
-        if p is None:
+        if p is None or is_hub(p):  # Hub references are resolved (and checked) when the stage runs
             return
         rp = resolve_path(p)
         if not rp.exists():
             problems.append(f"'{key}': {kind} {p} does not exist")
 
     need("model.path", cfg.model.path, "folder")
-    if cfg.model.path and resolve_path(cfg.model.path).is_dir() and not (resolve_path(cfg.model.path) / "config.json").exists():
+    if not is_hub(cfg.model.path) and resolve_path(cfg.model.path).is_dir() and not (resolve_path(cfg.model.path) / "config.json").exists():
         problems.append(f"'model.path': {cfg.model.path} has no config.json (expected a Hugging Face checkpoint folder)")
     need("model.tokenizer", cfg.model.tokenizer, "folder")
     for d in cfg.domains:

@@ -17,9 +17,12 @@ def register(app: typer.Typer) -> None:
 
         cfg = load_config(config)
         problems = check_files(cfg)
+        if len(problems) == 1:
+            raise FidevalError(f"{config}: {problems[0]}", hint="fix the path or create the file")
         if problems:
-            more = f" (and {len(problems) - 1} more)" if len(problems) > 1 else ""
-            raise FidevalError(f"{config}: {problems[0]}{more}", hint="fix the path or create the file")
+            for line in problems:
+                typer.echo(f"{config}: {line}", err=True)
+            raise FidevalError(f"{config}: {len(problems)} problems (listed above)", hint="fix the paths or create the files")
         typer.echo(f"{config}: ok (run '{cfg.run}', {len(cfg.domains)} domains, {len(cfg.candidates)} candidates)")
 
     @app.command()

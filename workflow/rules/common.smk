@@ -1,0 +1,103 @@
+# Helpers shared by the rules: config validation, names of every output, and per-rule settings.
+# No evaluation logic lives here; every rule's `shell:` calls one `fideval` verb.
+from snakemake.utils import validate
+
+validate(config, "../schemas/config.schema.json", set_default=False)
+
+
+# Every rule runs the `fideval` CLI; with --software-deployment-method apptainer it runs inside this image,
+# built from workflow/Containerfile (see README, "Clusters").
+container: "docker://ghcr.io/fideval/fideval:0.1.0"
+
+
+from fideval.config import load_config
+
+# The stages read the config file themselves; the workflow takes its names and sizes from the same typed
+# model (defaults included), so the two can never disagree. Use --configfile, not --config overrides.
+CONFIG_FILE = workflow.configfiles[-1]
+CFG = load_config(CONFIG_FILE)
+RUN = CFG.run
+W = CFG.windows.window_tokens
+C = CFG.windows.cut_tokens
+WPD = CFG.windows.windows_per_domain
+DOMAINS = [d.name for d in CFG.domains]
+KINDS = list(CFG.teacher.lengths)
+CANDIDATES = {c.name: list(c.paths) for c in CFG.candidates}
+MP = CFG.teacher.model_parallel
+
+
+wildcard_constraints:
+    run=r"[A-Za-z0-9][A-Za-z0-9_.-]*",
+    kind="windows|cuts",
+    domain=r"[a-z0-9][a-z0-9_-]*",
+    candidate=r"[a-z0-9][a-z0-9_.-]*",
+    path="serving|weights-only",
+
+
+def windows_dir(run):
+    return f"results/{run}/windows"
+
+
+def seq_ids(kind, domain):
+    """The sequence ids of one domain: windows <domain>-<k:03d>, cuts <window>.c<j> (fideval/windows/layout.py)."""
+    wins = [f"{domain}-{k:03d}" for k in range(WPD)]
+    if kind == "windows":
+        return wins
+    return [f"{w}.c{j}" for w in wins for j in range(W // C)]
+
+
+def shard_outputs(kind):
+    """Every shard of one (kind, domain) store, named as outputs so that deleting one reruns only its job.
+
+    Returned with {run} and {domain} left as wildcards: a domain's sequence ids are known from the config.
+    """
+    return [
+        f"results/{{run}}/teacher/{kind}/{{domain}}/shards/{i}.safetensors"
+        for i in seq_ids(kind, "{domain}")
+    ]
+
+
+def device(wildcards, resources):
+    """A rule's --device follows its gpu resource (set per platform in workflow/profiles/)."""
+    return "cuda" if int(getattr(resources, "gpu", 0) or 0) > 0 else "cpu"
+
+
+def launcher():
+    """`fideval`, or torchrun over model_parallel ranks for the stages that run the model."""
+    if MP > 1:
+        return f"torchrun --standalone --nproc-per-node {MP} -m fideval"
+    return "fideval"
+
+
+def records_dirs(run):
+    out = []
+    for cand, paths in CANDIDATES.items():
+        for path in paths:
+            for kind in KINDS:
+                for domain in DOMAINS:
+                    out.append(f"results/{run}/records/{cand}/{path}/{kind}/{domain}")
+    return out
+
+
+def selfcheck_dirs(run):
+    return [
+        f"results/{run}/records/teacher-self/store/{kind}/{domain}"
+        for kind in KINDS
+        for domain in DOMAINS
+    ]
+
+
+def teacher_manifests(run):
+    return [
+        f"results/{run}/teacher/{kind}/{domain}/manifest.json"
+        for kind in KINDS
+        for domain in DOMAINS
+    ]
+
+
+def final_outputs():
+    return [
+        f"reports/{RUN}/report.json",
+        f"reports/{RUN}/README.md",
+        f"reports/{RUN}/check.txt",
+    ]

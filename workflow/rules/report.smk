@@ -1,0 +1,64 @@
+# Stage 4: report.json with cluster-bootstrap intervals, plots, the model card, and the gates.
+
+
+rule report:
+    input:
+        config=local(CONFIG_FILE),
+        windows="results/{run}/windows/eval-windows.json",
+        manifests=lambda w: teacher_manifests(w.run),
+        records=lambda w: [f"{d}/records.parquet" for d in records_dirs(w.run)],
+        selfcheck=lambda w: [f"{d}/records.parquet" for d in selfcheck_dirs(w.run)],
+    output:
+        report="reports/{run}/report.json",
+    log:
+        "logs/{run}/report.log",
+    benchmark:
+        "benchmarks/{run}/report.tsv"
+    threads: 1
+    resources:
+        mem_mb=8000,
+        runtime=60,
+    params:
+        records=lambda w: " ".join(f"--records {d}" for d in records_dirs(w.run)),
+        selfcheck=lambda w: " ".join(f"--self-check {d}" for d in selfcheck_dirs(w.run)),
+        manifests=lambda w: " ".join(
+            f"--teacher-manifest {m}" for m in teacher_manifests(w.run)
+        ),
+    shell:
+        "fideval report --config {input.config:q} --windows results/{wildcards.run}/windows {params.records}"
+        " {params.selfcheck} {params.manifests} --out reports/{wildcards.run} > {log:q} 2>&1"
+
+
+rule card:
+    input:
+        report="reports/{run}/report.json",
+    output:
+        card="reports/{run}/README.md",
+    log:
+        "logs/{run}/card.log",
+    benchmark:
+        "benchmarks/{run}/card.tsv"
+    threads: 1
+    resources:
+        mem_mb=1000,
+        runtime=10,
+    shell:
+        "fideval card {input.report:q} --out {output.card:q} > {log:q} 2>&1"
+
+
+rule check:
+    input:
+        config=local(CONFIG_FILE),
+        report="reports/{run}/report.json",
+    output:
+        "reports/{run}/check.txt",
+    log:
+        "logs/{run}/check.log",
+    benchmark:
+        "benchmarks/{run}/check.tsv"
+    threads: 1
+    resources:
+        mem_mb=1000,
+        runtime=10,
+    shell:
+        "fideval check {input.report:q} --config {input.config:q} --out {output:q} > {log:q} 2>&1"

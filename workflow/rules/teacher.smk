@@ -1,0 +1,31 @@
+# Stage 2: FP32 teacher logits of the reference model, one store per (length, domain).
+# One rule per length so that a deleted shard reruns only its own job and what reads it.
+
+for _kind in ["windows", "cuts"]:
+
+    rule:
+        name:
+            f"teacher_{_kind}"
+        input:
+            config=local(CONFIG_FILE),
+            tokens=f"results/{{run}}/windows/{_kind}-{W if _kind == 'windows' else C}/tokens.safetensors",
+        output:
+            manifest=f"results/{{run}}/teacher/{_kind}/{{domain}}/manifest.json",
+            shards=shard_outputs(_kind),
+        log:
+            f"logs/{{run}}/teacher/{_kind}/{{domain}}.log",
+        benchmark:
+            f"benchmarks/{{run}}/teacher/{_kind}/{{domain}}.tsv"
+        threads: 2
+        resources:
+            mem_mb=8000,
+            runtime=240,
+            gpu=0,
+        params:
+            kind=_kind,
+            device=device,
+            launcher=launcher(),
+        shell:
+            "{params.launcher} teacher --config {input.config:q} --windows results/{wildcards.run}/windows"
+            " --kind {params.kind} --domain {wildcards.domain} --device {params.device}"
+            " --out results/{wildcards.run}/teacher/{params.kind}/{wildcards.domain} > {log:q} 2>&1"
