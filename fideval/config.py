@@ -304,3 +304,39 @@ def check_files(cfg: Config) -> list[str]:
     if cfg.report.card_template:
         need("report.card_template", cfg.report.card_template)
     return problems
+
+
+def markdown_reference() -> str:
+    """docs/config.md, generated from the model so the reference can never drift from the code."""
+    from pydantic.fields import FieldInfo
+
+    def type_name(annotation: Any) -> str:
+        from typing import get_origin
+
+        text = str(annotation) if get_origin(annotation) is not None else getattr(annotation, "__name__", str(annotation))
+        text = re.sub(r"Annotated\[(.*?), FieldInfo\(.*\)\]", r"\1", text)
+        return text.replace("typing.", "").replace("fideval.config.", "").replace("NoneType", "None")
+
+    def default_of(info: FieldInfo) -> str:
+        if info.is_required():
+            return "**required**"
+        if info.default_factory is not None:
+            value = info.default_factory()
+            return "see its section" if isinstance(value, BaseModel) else f"`{value}`"
+        return f"`{info.default}`"
+
+    sections = [("top level", Config), ("model", ModelRef), ("domains[]", Domain), ("source (local)", LocalSource),
+                ("source (hf)", HubSource), ("windows", WindowsConfig), ("screen", ScreenConfig),
+                ("teacher", TeacherConfig), ("candidates[]", Candidate), ("candidates[].quant", QuantSpec),
+                ("quant module", ModuleQuant), ("score", ScoreConfig), ("report", ReportConfig), ("report.gates", Gates)]
+    out = ["# Config reference", "",
+           "Generated from `fideval/config.py` by `fideval schema --format markdown`; do not edit by hand.",
+           "Unknown keys are errors. Relative paths resolve against the working directory; `demo://x` names a",
+           "packaged demo asset; `hf://ORG/NAME` names a Hub repository fetched at its `revision`.", ""]
+    for title, model in sections:
+        out += [f"## {title}", "", "| key | type | default | meaning |", "| --- | --- | --- | --- |"]
+        for name, info in model.model_fields.items():
+            desc = (info.description or "").replace("|", "\\|")
+            out.append(f"| `{name}` | `{type_name(info.annotation)}` | {default_of(info)} | {desc} |")
+        out.append("")
+    return "\n".join(out)

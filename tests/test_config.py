@@ -70,3 +70,9 @@ def test_missing_file_is_named(tmp_path):
 def test_parse_rejects_non_mapping():
     with pytest.raises(Exception, match="must be a mapping"):
         parse_config(["a", "b"])
+
+
+def test_docs_config_md_is_generated_from_the_model():
+    from fideval.config import markdown_reference
+
+    assert (ROOT / "docs" / "config.md").read_text() == markdown_reference(), "run: fideval schema --format markdown --out docs/config.md"

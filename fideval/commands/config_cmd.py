@@ -26,14 +26,19 @@ def register(app: typer.Typer) -> None:
         typer.echo(f"{config}: ok (run '{cfg.run}', {len(cfg.domains)} domains, {len(cfg.candidates)} candidates)")
 
     @app.command()
-    def schema(out: Path = typer.Option(None, "--out", help="write here instead of stdout")) -> None:
-        """Print the config's JSON schema (generated from fideval/config.py)."""
+    def schema(
+        out: Path = typer.Option(None, "--out", help="write here instead of stdout"),
+        format: str = typer.Option("json", "--format", help="json (for Snakemake) or markdown (docs/config.md)"),
+    ) -> None:
+        """Print the config's JSON schema or its markdown reference (both generated from fideval/config.py)."""
         import json
 
-        from fideval.config import json_schema
+        from fideval.config import json_schema, markdown_reference
         from fideval.fsio import write_text
 
-        text = json.dumps(json_schema(), indent=2, sort_keys=True) + "\n"
+        if format not in ("json", "markdown"):
+            raise FidevalError(f"unknown --format {format!r}", hint="use json or markdown")
+        text = json.dumps(json_schema(), indent=2, sort_keys=True) + "\n" if format == "json" else markdown_reference()
         if out is None:
             typer.echo(text, nl=False)
         else:
