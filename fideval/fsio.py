@@ -21,6 +21,16 @@ from fideval.errors import FidevalError
 _CHUNK = 1 << 22
 
 
+def _file_mode() -> int:
+    """The mode a plain open() would give a new file (mkstemp's 0600 would make outputs owner-only)."""
+    mask = os.umask(0)
+    os.umask(mask)
+    return 0o666 & ~mask
+
+
+_MODE = _file_mode()
+
+
 @contextlib.contextmanager
 def atomic_open(path: str | os.PathLike, mode: str = "wb") -> Iterator[BinaryIO]:
     """Open a temp file beside ``path``; on success fsync and rename it over ``path``.
@@ -40,6 +50,7 @@ def atomic_open(path: str | os.PathLike, mode: str = "wb") -> Iterator[BinaryIO]
         with os.fdopen(fd, mode) as f:
             yield f
             f.flush()
+            os.fchmod(f.fileno(), _MODE)
             os.fsync(f.fileno())
         os.replace(tmp, path)
     except BaseException as e:
@@ -59,6 +70,7 @@ def atomic_path(path: str | os.PathLike) -> Iterator[Path]:
     try:
         yield tmp
         with open(tmp, "rb+") as f:
+            os.fchmod(f.fileno(), _MODE)
             os.fsync(f.fileno())
         os.replace(tmp, path)
     except BaseException as e:

@@ -95,3 +95,17 @@ def test_lock_released_by_sigkill(tmp_path):
     p.join(30)
     with output_lock(tmp_path):
         pass
+
+
+def test_written_files_get_the_usual_mode(tmp_path):
+    old = os.umask(0o022)
+    try:
+        import importlib
+
+        import fideval.fsio as fsio
+
+        importlib.reload(fsio)
+        fsio.write_json(tmp_path / "m.json", {})
+        assert (tmp_path / "m.json").stat().st_mode & 0o777 == 0o644
+    finally:
+        os.umask(old)

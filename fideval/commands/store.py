@@ -1,0 +1,43 @@
+"""``fideval verify`` and ``fideval import-llamacpp``: check a logit store; turn a llama.cpp KLD base into one."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import typer
+
+
+def register(app: typer.Typer) -> None:
+    @app.command()
+    def verify(store: str = typer.Argument(..., help="store folder or hf://datasets/ORG/NAME@REV/sub")) -> None:
+        """Check every shard of a logit store (hash, size, header, rows, manifest, index); one line per problem."""
+        from fideval.store.hub import resolve_store
+        from fideval.store.verify import verify_store
+
+        root = resolve_store(store)
+        problems, totals = verify_store(root)
+        for line in problems:
+            typer.echo(f"{store}: {line}", err=True)
+        if problems:
+            typer.echo(f"{store}: {len(problems)} problem(s)", err=True)
+            raise typer.Exit(1)
+        typer.echo(f"{store}: ok ({totals['shards']} shards, {totals['rows']:,} rows, {totals['bytes'] / 1e9:.3f} GB)")
+
+    @app.command("import-llamacpp")
+    def import_llamacpp_cmd(
+        file: Path = typer.Argument(..., help="file written by llama-perplexity --kl-divergence-base"),
+        out: Path = typer.Option(..., "--out", help="store folder to write"),
+        model_id: str = typer.Option("unknown", "--model-id", help="the base model that produced the file"),
+        model_revision: str = typer.Option("unknown", "--model-revision"),
+        tokenizer_sha256: str = typer.Option("unknown", "--tokenizer-sha256"),
+        domain: str = typer.Option("llamacpp", "--domain", help="domain and sequence id prefix"),
+        bos_id: int = typer.Option(None, "--bos-id", help="write this id at position 0 of each chunk, as llama.cpp evaluated it"),
+    ) -> None:
+        """Import a llama.cpp --kl-divergence-base file as a lossy teacher store of kind 'logprobs'."""
+        from fideval.store.llamacpp import LOSSY, import_llamacpp
+
+        typer.echo(f"fideval: warning: {file} is lossy: {LOSSY}", err=True)
+        s = import_llamacpp(file, out, model_id=model_id, model_revision=model_revision,
+                            tokenizer_sha256=tokenizer_sha256, domain=domain, bos_id=bos_id)
+        typer.echo(f"{out}: {s['shards']} shards ({s['written']} written) from {s['chunks']} chunks of {s['n_ctx']} tokens, "
+                   f"{s['rows_per_chunk']} rows each, vocab {s['n_vocab']}")

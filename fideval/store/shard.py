@@ -1,0 +1,181 @@
+"""One logit shard: a safetensors file written and parsed by hand, format ``fideval.logits`` v1.
+
+Why by hand: a teacher shard of 8,192 rows x 129,280 vocab is 4.2 GB. ``safetensors.numpy.save`` builds the
+whole file in memory (a second copy) before we could write it; here the header is a few hundred bytes and the
+tensor bytes stream from the caller's array into the temp file while being hashed, so writing costs no copy
+and no second read. The result is an ordinary safetensors file (8-byte little-endian header length, JSON
+header padded with spaces to a multiple of 8, then the tensor bytes) that ``safetensors.safe_open`` reads.
+
+Parsing is bounded: the header length, every dtype, shape and byte range is checked against the file size
+*before* anything is allocated or mapped, so a corrupt or hostile header that claims 10^12 rows is refused
+with one line instead of a MemoryError.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import math
+import os
+import re
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+
+from fideval.errors import FidevalError
+from fideval.fsio import atomic_open
+
+FORMAT = "fideval.logits"
+VERSION = "1"
+KINDS = ("logits", "logprobs")
+# Metadata every shard carries (strings, as safetensors requires); the store's meta is copied into each shard
+# so a shard separated from its manifest still says what produced it.
+REQUIRED_META = ("format", "version", "seq_id", "window_id", "domain", "model_id", "model_revision",
+                 "tokenizer_sha256", "vocab_size", "kind", "row_start")
+MAX_HEADER = 1 << 20  # 1 MiB: two tensors and a few dozen metadata strings need a few KB
+_DTYPES = {"F32": np.dtype("<f4"), "I32": np.dtype("<i4")}
+_SEQ_ID = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,199}")
+_CHUNK = 1 << 24
+
+
+def check_seq_id(seq_id: str) -> str:
+    """Sequence ids become file names: letters, digits, ``._-``, not starting with a dot, at most 200 chars."""
+    if not isinstance(seq_id, str) or not _SEQ_ID.fullmatch(seq_id) or ".." in seq_id:
+        raise FidevalError(f"sequence id {seq_id!r} cannot be a shard name",
+                           hint="use letters, digits, '.', '_' and '-' (window ids like 'code-003.c1' are fine)")
+    return seq_id
+
+
+def shard_rel(seq_id: str) -> str:
+    return f"shards/{check_seq_id(seq_id)}.safetensors"
+
+
+@dataclass(frozen=True)
+class ShardHeader:
+    """What a shard's header says, after every check passed. Offsets are absolute file offsets."""
+
+    meta: dict[str, str]
+    rows: int
+    vocab: int
+    length: int  # number of tokens (L)
+    row_start: int
+    logits_offset: int
+    token_ids_offset: int
+    file_bytes: int
+
+
+def _header_bytes(meta: dict[str, str], rows: int, vocab: int, length: int) -> bytes:
+    lbytes, tbytes = rows * vocab * 4, length * 4
+    header = {
+        "__metadata__": meta,
+        "logits": {"dtype": "F32", "shape": [rows, vocab], "data_offsets": [0, lbytes]},
+        "token_ids": {"dtype": "I32", "shape": [length], "data_offsets": [lbytes, lbytes + tbytes]},
+    }
+    raw = json.dumps(header, separators=(",", ":"), sort_keys=True).encode("utf-8")
+    raw += b" " * (-(8 + len(raw)) % 8)  # data starts 8-aligned, as safetensors itself pads
+    return len(raw).to_bytes(8, "little") + raw
+
+
+def write_shard(path: Path, logits: np.ndarray, token_ids: np.ndarray, meta: dict[str, str]) -> tuple[str, int]:
+    """Write one shard atomically (temp name, fsync, rename); return (sha256, bytes) of what was written."""
+    rows, vocab = logits.shape
+    head = _header_bytes(meta, rows, vocab, token_ids.shape[0])
+    h = hashlib.sha256(head)
+    total = len(head)
+    with atomic_open(path, "wb") as f:
+        f.write(head)
+        for arr in (logits, token_ids):
+            mv = memoryview(arr.reshape(-1).view(np.uint8))
+            for a in range(0, len(mv), _CHUNK):
+                part = mv[a:a + _CHUNK]
+                h.update(part)
+                f.write(part)
+            total += len(mv)
+    return h.hexdigest(), total
+
+
+def parse_header(prefix: bytes | memoryview, file_bytes: int, name: str) -> ShardHeader:
+    """Check a shard header held in ``prefix`` (the file's first bytes) against the file's size.
+
+    ``prefix`` must hold at least the 8 length bytes and the header; :func:`read_header` reads exactly that.
+    Raises a one-line :class:`FidevalError` naming ``name`` on the first problem.
+    """
+    def bad(what: str) -> FidevalError:
+        return FidevalError(f"shard {name}: {what}", hint="delete it and re-run the teacher, or run 'fideval verify'")
+
+    if file_bytes < 8 or len(prefix) < 8:
+        raise bad(f"only {file_bytes} bytes, too short for a safetensors header")
+    n = int.from_bytes(bytes(prefix[:8]), "little")
+    if n < 2 or n > MAX_HEADER or 8 + n > file_bytes:
+        raise bad(f"header length {n} is impossible for a file of {file_bytes} bytes")
+    if len(prefix) < 8 + n:
+        raise bad("header truncated")
+    try:
+        header = json.loads(bytes(prefix[8:8 + n]).decode("utf-8"))
+    except (UnicodeDecodeError, json.JSONDecodeError):
+        raise bad("header is not valid JSON") from None
+    if not isinstance(header, dict):
+        raise bad("header is not a JSON object")
+    meta = header.pop("__metadata__", None)
+    if not isinstance(meta, dict) or not all(isinstance(k, str) and isinstance(v, str) for k, v in meta.items()):
+        raise bad("metadata missing or not a map of strings")
+    if meta.get("format") != FORMAT:
+        raise bad(f"format {meta.get('format')!r} is not {FORMAT!r}")
+    if meta.get("version") != VERSION:
+        raise bad(f"format version {meta.get('version')!r}, this fideval reads {VERSION}")
+    missing = [k for k in REQUIRED_META if k not in meta]
+    if missing:
+        raise bad(f"metadata lacks {', '.join(missing)}")
+    if meta["kind"] not in KINDS:
+        raise bad(f"kind {meta['kind']!r} is not one of {KINDS}")
+    if set(header) != {"logits", "token_ids"}:
+        raise bad(f"tensors {sorted(header)} are not exactly logits and token_ids")
+    data_start, data_bytes = 8 + n, file_bytes - 8 - n
+    spans = []
+    for key, want_dtype, want_ndim in (("logits", "F32", 2), ("token_ids", "I32", 1)):
+        t = header[key]
+        if not isinstance(t, dict) or t.get("dtype") != want_dtype:
+            raise bad(f"{key} dtype {t.get('dtype') if isinstance(t, dict) else t!r} is not {want_dtype}")
+        shape, offs = t.get("shape"), t.get("data_offsets")
+        if (not isinstance(shape, list) or len(shape) != want_ndim
+                or not all(type(s) is int and 0 <= s < 1 << 62 for s in shape)):
+            raise bad(f"{key} shape {shape!r} is not {want_ndim} non-negative integers")
+        if (not isinstance(offs, list) or len(offs) != 2 or not all(type(o) is int for o in offs)
+                or not 0 <= offs[0] <= offs[1] <= data_bytes):
+            raise bad(f"{key} byte range {offs!r} lies outside the {data_bytes} data bytes (truncated?)")
+        if math.prod(shape) * 4 != offs[1] - offs[0]:
+            raise bad(f"{key} shape {shape} needs {math.prod(shape) * 4} bytes, its range holds {offs[1] - offs[0]}")
+        if (data_start + offs[0]) % 4:
+            raise bad(f"{key} data is not 4-byte aligned")
+        spans.append(offs)
+    spans.sort()
+    if spans[0][0] != 0 or spans[0][1] != spans[1][0] or spans[1][1] != data_bytes:
+        raise bad(f"tensor bytes do not exactly fill the {data_bytes} data bytes (truncated or padded)")
+    rows, vocab = header["logits"]["shape"]
+    length = header["token_ids"]["shape"][0]
+    try:
+        vocab_meta, row_start = int(meta["vocab_size"]), int(meta["row_start"])
+    except ValueError:
+        raise bad("vocab_size or row_start is not an integer") from None
+    if vocab != vocab_meta:
+        raise bad(f"logits have {vocab} columns, metadata says vocab_size {vocab_meta}")
+    if not 0 <= row_start < max(length, 1) or rows not in (length - row_start, length - row_start - 1):
+        raise bad(f"{rows} logit rows do not fit {length} tokens from row_start {row_start}")
+    return ShardHeader(meta=meta, rows=rows, vocab=vocab, length=length, row_start=row_start,
+                       logits_offset=data_start + header["logits"]["data_offsets"][0],
+                       token_ids_offset=data_start + header["token_ids"]["data_offsets"][0], file_bytes=file_bytes)
+
+
+def read_header(path: Path, name: str | None = None) -> ShardHeader:
+    """Parse a shard's header from disk, reading only the header bytes."""
+    name = name or Path(path).name
+    try:
+        with open(path, "rb") as f:
+            size = os.fstat(f.fileno()).st_size
+            first = f.read(8)
+            n = int.from_bytes(first, "little") if len(first) == 8 else 0
+            prefix = first + (f.read(n) if 2 <= n <= MAX_HEADER and 8 + n <= size else b"")
+    except OSError as e:
+        raise FidevalError(f"shard {name}: cannot read ({e.strerror})", hint="check the store folder") from None
+    return parse_header(prefix, size, name)
