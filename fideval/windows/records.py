@@ -1,0 +1,93 @@
+"""Write (and read back) the windows stage's outputs; formats in ``docs/formats-windows.md``.
+
+``<out>/windows-<W>/`` and ``<out>/cuts-<C>/`` (``layout.write_sequences``), ``<out>/eval-windows.json``
+(format ``fideval.eval-windows`` v1) and ``<out>/index.parquet`` (one row per window x cut).
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from fideval.errors import FidevalError
+from fideval.fsio import atomic_path, write_json
+from fideval.provenance import tool_block
+from fideval.windows.build import Built
+from fideval.windows.layout import Sequences, length_dir, token_sha256, write_sequences
+from fideval.windows.packing import Window
+from fideval.windows.screen import overlap_record
+
+FORMAT = "fideval.eval-windows"
+VERSION = 1
+EVAL_WINDOWS = "eval-windows.json"
+INDEX = "index.parquet"
+
+
+def cut_ids(window_id: str, n: int) -> list[str]:
+    return [f"{window_id}.c{j}" for j in range(n)]
+
+
+def _window_fields(win: Window) -> dict[str, Any]:
+    return {"documents": [p.record() for p in win.pieces], "sha256": token_sha256(win.tokens)}
+
+
+def window_record(b: Built, cut: int, top: dict[str, list[dict]]) -> dict[str, Any]:
+    n = b.window.tokens.size // cut
+    cuts = [{"id": cid, "start": j * cut, "end": (j + 1) * cut, "sha256": token_sha256(b.window.tokens[j * cut:(j + 1) * cut])}
+            for j, cid in enumerate(cut_ids(b.id, n))]
+    replacements = [{**_window_fields(w), "reason": "overlap", "overlap": overlap_record(ov, top.get(f"{b.id}~{i}"))}
+                    for i, (w, ov) in enumerate(b.rejected)]
+    return {"id": b.id, "domain": b.domain, "tokens": int(b.window.tokens.size), **_window_fields(b.window),
+            "overlap": overlap_record(b.overlap, top.get(b.id)), "replacements": replacements, "cuts": cuts}
+
+
+def write_outputs(out: Path, built: list[Built], meta: dict[str, Any], cfg_windows: dict[str, Any]) -> dict[str, Any]:
+    """Write sequences, index.parquet and eval-windows.json (last, so its presence means complete)."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    w, c = cfg_windows["window_tokens"], cfg_windows["cut_tokens"]
+    ids, domains = [b.id for b in built], [b.domain for b in built]
+    tokens = np.stack([b.window.tokens for b in built]).astype(np.int32)
+    write_sequences(length_dir(out, "windows", w), Sequences(ids=ids, domains=domains, tokens=tokens))
+    per = w // c
+    write_sequences(length_dir(out, "cuts", c), Sequences(
+        ids=[cid for i in ids for cid in cut_ids(i, per)], domains=[d for d in domains for _ in range(per)],
+        tokens=tokens.reshape(-1, c)))
+    windows = [window_record(b, c, meta["top"]) for b in built]
+    table = pa.table({
+        "domain": [r["domain"] for r in windows for _ in r["cuts"]],
+        "window_id": [r["id"] for r in windows for _ in r["cuts"]],
+        "cut_id": [x["id"] for r in windows for x in r["cuts"]],
+        "start": pa.array([x["start"] for r in windows for x in r["cuts"]], pa.int32()),
+        "end": pa.array([x["end"] for r in windows for x in r["cuts"]], pa.int32()),
+        "window_sha256": [r["sha256"] for r in windows for _ in r["cuts"]],
+        "cut_sha256": [x["sha256"] for r in windows for x in r["cuts"]],
+    }, metadata={"format": "fideval.windows-index", "version": "1"})
+    with atomic_path(out / INDEX) as tmp:
+        pq.write_table(table, tmp)
+    record = {"format": FORMAT, "version": VERSION,
+              "provenance": {**meta["provenance"], "tool": tool_block()},
+              "windows_config": cfg_windows,
+              "screen": meta["screen"] if meta["screen"] is not None else
+              {"status": "skipped", "reason": "no screen.calibration configured"},
+              "domains": meta["domains"], "windows": windows}
+    write_json(out / EVAL_WINDOWS, record)
+    return record
+
+
+def read_eval_windows(folder: Path) -> dict[str, Any]:
+    path = Path(folder) / EVAL_WINDOWS
+    if not path.is_file():
+        raise FidevalError(f"no {EVAL_WINDOWS} in {folder}", hint="run 'fideval windows' first")
+    try:
+        rec = json.loads(path.read_text(encoding="utf-8"))
+    except (json.JSONDecodeError, UnicodeDecodeError):
+        raise FidevalError(f"{path} is not valid JSON", hint="rebuild the windows") from None
+    if rec.get("format") != FORMAT or rec.get("version") != VERSION:
+        raise FidevalError(f"{path}: format {rec.get('format')!r} v{rec.get('version')}, expected {FORMAT} v{VERSION}",
+                           hint="rebuild the windows with this fideval")
+    return rec

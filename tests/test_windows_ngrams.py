@@ -1,0 +1,127 @@
+"""The n-gram screen against brute-force Python sets: normalisation, hashing, index merging, fractions."""
+
+from __future__ import annotations
+
+import unicodedata
+
+import numpy as np
+import pytest
+
+from fideval.windows import ngrams as ng
+from fideval.windows.overlap import CalibrationIndex, Hasher, attribute, overlap_of
+
+
+def oracle_words(text: str) -> list[str]:
+    """Independent normaliser: NFKC, lower, per-character Unicode category test, split."""
+    t = unicodedata.normalize("NFKC", text).lower()
+    return "".join(c if unicodedata.category(c)[0] in "LNM" else " " for c in t).split()
+
+
+def oracle_grams(text: str, n: int) -> list[tuple[str, ...]]:
+    w = oracle_words(text)
+    return [tuple(w[i:i + n]) for i in range(len(w) - n + 1)]
+
+
+SAMPLES = [
+    "Hello, World! The_quick brown-fox; jumps.",
+    "ﬁne Ｆｕｌｌｗｉｄｔｈ ＡＢＣ１２３ café CAFÉ naïve — «quotes» 'x' ½",
+    "Здравствуй, мир! 你好，世界。 हिन्दी भाषा ٱلْعَرَبِيَّة",
+    "tabs\tand\nnewlines\r\n  and   spaces__under_score 3.14 x+y=z",
+    "",
+    "   ...!!!   ",
+]
+
+
+@pytest.mark.parametrize("text", SAMPLES)
+def test_normalisation_matches_oracle(text):
+    assert ng.words(text) == oracle_words(text)
+
+
+def _rand_docs(rng, n_docs, vocab, lo=5, hi=60):
+    return [" ".join(rng.choice(vocab, size=int(rng.integers(lo, hi)))) for _ in range(n_docs)]
+
+
+VOCAB = np.array("a b c d Ünï cödé, Straße STRASSE x. y! z? w ﬁ fi ß 1 2".split())
+
+
+def test_word_hash_identity_and_ngram_count():
+    rng = np.random.default_rng(0)
+    docs = _rand_docs(rng, 40, VOCAB) + SAMPLES
+    h, doc = ng.word_hashes(docs)
+    words = [w for d in docs for w in oracle_words(d)]
+    assert h.size == len(words)
+    # equal words <=> equal hashes (no collisions on this vocabulary)
+    by_word: dict[str, int] = {}
+    for w, x in zip(words, h.tolist()):
+        assert by_word.setdefault(w, x) == x
+    assert len(set(by_word.values())) == len(by_word)
+    for n in (1, 3, 13):
+        g, gdoc = ng.text_ngrams(docs, n)
+        assert g.size == sum(len(oracle_grams(d, n)) for d in docs)  # no n-gram straddles documents
+        assert np.all(np.diff(gdoc) >= 0)
+
+
+@pytest.mark.parametrize("n,merge_every", [(2, 30), (5, 100), (13, 64_000_000)])
+def test_fraction_equals_bruteforce_set(n, merge_every):
+    rng = np.random.default_rng(n)
+    vocab = np.array([f"w{i}" for i in range(6)] + ["Ab,", "ab", "É", "é"])
+    cal = _rand_docs(rng, 30, vocab, 10, 80)
+    ev = _rand_docs(rng, 12, vocab, 10, 80) + [cal[3], cal[7][: len(cal[7]) // 2]]
+    hasher = Hasher("words", n)
+    index = CalibrationIndex.build(cal, hasher, batch_chars=300, merge_every=merge_every)  # small: many merges, batches > buffer
+    cal_set = {g for d in cal for g in oracle_grams(d, n)}
+    assert index.hashes.size == len(cal_set)
+    assert np.all(index.hashes[1:] > index.hashes[:-1])  # sorted, unique
+    for d in ev:
+        grams = oracle_grams(d, n)
+        ov = overlap_of(hasher.of_texts([d])[0], index)
+        assert ov.total == len(grams)
+        assert ov.matched == sum(g in cal_set for g in grams)
+        assert ov.fraction == (sum(g in cal_set for g in grams) / len(grams) if grams else 0.0)
+
+
+def test_token_ngrams_equal_bruteforce():
+    rng = np.random.default_rng(5)
+    cal = [rng.integers(0, 4, size=int(rng.integers(0, 40))) for _ in range(50)]
+    ev = [rng.integers(0, 4, size=30) for _ in range(20)] + [cal[1]]
+    n = 6
+    h, doc = ng.token_ngrams(cal, n)
+    cal_set = {tuple(s[i:i + n].tolist()) for s in cal for i in range(len(s) - n + 1)}
+    assert np.unique(h).size == len(cal_set)
+    index = CalibrationIndex(hashes=np.unique(h))
+    for s in ev:
+        grams = [tuple(s[i:i + n].tolist()) for i in range(len(s) - n + 1)]
+        ov = overlap_of(ng.token_ngrams([s], n)[0], index)
+        assert (ov.total, ov.matched) == (len(grams), sum(g in cal_set for g in grams))
+
+
+def test_attribution_ranks_calibration_documents_by_shared_ngrams():
+    rng = np.random.default_rng(9)
+    vocab = np.array([f"v{i}" for i in range(50)])
+    cal = _rand_docs(rng, 20, vocab, 30, 60)
+    hasher = Hasher("words", 4)
+    index = CalibrationIndex.build(cal, hasher)
+    target = cal[4] + " " + " ".join(cal[11].split()[:12])
+    ov = overlap_of(hasher.of_texts([target])[0], index)
+    top = attribute(((i, d) for i, d in enumerate(cal)), {"w": ov.matched_hashes}, hasher, top_k=3)["w"]
+    tg = set(oracle_grams(target, 4))
+    expect = sorted(((len(tg & set(oracle_grams(d, 4))), -i) for i, d in enumerate(cal)), reverse=True)
+    expect = [(c, -j) for c, j in expect if c][:3]
+    assert [(t["shared_ngrams"], t["document"]) for t in top] == expect
+    assert top[0]["document"] == 4
+
+
+def test_batched_overlaps_equal_per_document():
+    from fideval.windows.overlap import overlaps_of
+
+    rng = np.random.default_rng(3)
+    vocab = np.array([f"t{i}" for i in range(5)])
+    cal = _rand_docs(rng, 20, vocab, 10, 60)
+    ev = _rand_docs(rng, 15, vocab, 0, 60)
+    hasher = Hasher("words", 5)
+    index = CalibrationIndex.build(cal, hasher)
+    h, doc = hasher.of_texts(ev)
+    total, matched = overlaps_of(h, doc, len(ev), index)
+    cal_set = {g for d in cal for g in oracle_grams(d, 5)}
+    assert total.tolist() == [len(oracle_grams(d, 5)) for d in ev]
+    assert matched.tolist() == [sum(g in cal_set for g in oracle_grams(d, 5)) for d in ev]
