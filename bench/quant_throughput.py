@@ -1,0 +1,55 @@
+"""Quantize-dequantize throughput of every emulated format (ceiling: a plain float32 read+write copy).
+
+Emulating a candidate runs ``weight_transform`` once per tensor as the runner materialises each layer,
+so for a 600B-parameter model this is ~1.2e12 elements: the figure that matters is elements per second
+against what memory bandwidth allows. The ceiling is ``torch.clone`` of the same float32 tensor (one read
+and one write); our formats do several passes (amax, scale, cast, codes, decode), so a few x below it is
+expected. Prints one table, one row per format and recipe.
+Usage: python bench/quant_throughput.py [--device cuda] [--rows 4096] [--cols 7168] [--repeats 3]
+"""
+
+from __future__ import annotations
+
+import argparse
+import time
+
+import torch
+
+from fideval.quant import list_formats
+
+
+def _time(fn, device: str, repeats: int) -> float:
+    fn()  # warm-up (tables, kernels)
+    if device.startswith("cuda"):
+        torch.cuda.synchronize()
+    best = float("inf")
+    for _ in range(repeats):
+        t0 = time.perf_counter()
+        fn()
+        if device.startswith("cuda"):
+            torch.cuda.synchronize()
+        best = min(best, time.perf_counter() - t0)
+    return best
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__)
+    ap.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
+    ap.add_argument("--rows", type=int, default=4096)
+    ap.add_argument("--cols", type=int, default=7168)
+    ap.add_argument("--repeats", type=int, default=3)
+    a = ap.parse_args()
+    x = torch.randn(a.rows, a.cols, device=a.device, generator=None)
+    n = x.numel()
+    ceiling = n / _time(lambda: x.clone(), a.device, a.repeats)
+    dev = torch.cuda.get_device_name() if a.device.startswith("cuda") else f"cpu ({torch.get_num_threads()} threads)"
+    print(f"| format | recipe | Gelem/s | ceiling: float32 clone Gelem/s | fraction | device | tensor |")
+    print("|---|---|---|---|---|---|---|")
+    for f in list_formats():
+        for r in f.recipes:
+            s = _time(lambda: f.quant_dequant(x, r), a.device, a.repeats)
+            print(f"| {f.name} | {r} | {n / s / 1e9:.3f} | {ceiling / 1e9:.3f} | {n / s / ceiling:.3f} | {dev} | {a.rows}x{a.cols} |")
+
+
+if __name__ == "__main__":
+    main()

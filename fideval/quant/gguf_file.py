@@ -1,0 +1,108 @@
+"""Read a real GGUF file (a llama.cpp build): its tensors decoded to float32, and its bits per weight per
+module class, with the same module classes as :func:`fideval.quant.spec.module_class_of`.
+
+Only gguf-py (``gguf.GGUFReader``, memory-mapped) is used, imported inside the functions so this module
+stays importable on the GPU machine. Shapes are returned in numpy/torch order (GGUF lists dims innermost
+first). Mapping GGUF names back to Hugging Face names is architecture-specific and left to the loader;
+:func:`gguf_module_class_of` needs only llama.cpp's tensor-name vocabulary.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from fideval.errors import FidevalError
+
+_NEVER = {"attn_norm", "ffn_norm", "ffn_gate_inp", "ffn_gate_inp_shexp", "exp_probs_b", "post_attention_norm",
+          "post_ffw_norm", "layer_output_norm"}
+
+
+def gguf_module_class_of(name: str) -> str | None:
+    """Module class of a llama.cpp tensor name: ``output.weight`` -> lm_head; ``blk.N.attn_*`` -> attention
+    (but ``attn_norm``, the input norm, -> None); ``*_exps`` -> routed_experts; ``*_shexp`` ->
+    shared_experts; ``ffn_gate/up/down`` -> dense_mlp; routers, norms and embeddings -> None."""
+    if name == "output.weight":
+        return "lm_head"
+    parts = name.split(".")
+    if len(parts) < 3 or parts[0] != "blk":
+        return None
+    kind = parts[2]
+    if kind in _NEVER:
+        return None
+    if kind.startswith("attn_"):
+        return "attention"
+    if kind.endswith("_exps"):
+        return "routed_experts"
+    if kind.endswith("_shexp"):
+        return "shared_experts"
+    if kind in ("ffn_gate", "ffn_up", "ffn_down"):
+        return "dense_mlp"
+    return None
+
+
+def _reader(path: str | Path):
+    try:
+        from gguf import GGUFReader
+    except ImportError:  # pragma: no cover - gguf is a dependency on the workflow machine
+        raise FidevalError("reading GGUF files needs the gguf package", hint="pip install gguf") from None
+    try:
+        return GGUFReader(str(path))
+    except FileNotFoundError:
+        raise FidevalError(f"GGUF file {path} not found") from None
+    except Exception as e:  # gguf-py raises ValueError/AssertionError/struct.error on malformed files
+        raise FidevalError(f"{path}: not a readable GGUF file ({type(e).__name__}: {e})") from None
+
+
+def gguf_architecture(path: str | Path) -> str | None:
+    """``general.architecture`` of a GGUF file (e.g. "qwen3moe", "deepseek2"), or None."""
+    f = _reader(path).fields.get("general.architecture")
+    return bytes(f.parts[-1]).decode("utf-8") if f is not None else None
+
+
+def gguf_tensor_info(path: str | Path) -> list[dict[str, Any]]:
+    """[{name, type, shape (numpy order), elements, bits}] for every tensor, without decoding anything."""
+    from gguf import GGML_QUANT_SIZES
+
+    out = []
+    for t in _reader(path).tensors:
+        block, size = GGML_QUANT_SIZES[t.tensor_type]
+        n = int(t.n_elements)
+        out.append({"name": t.name, "type": t.tensor_type.name, "shape": tuple(int(d) for d in reversed(t.shape)),
+                    "elements": n, "bits": n // block * size * 8})
+    return out
+
+
+def iter_gguf_tensors(path: str | Path, names: set[str] | None = None) -> Iterator[tuple[str, str, torch.Tensor]]:
+    """Yield (name, GGML type name, float32 tensor in numpy order) for each tensor (or those in ``names``),
+    decoded with gguf-py on the CPU (every type it knows: K-quants, IQ, MXFP4...)."""
+    from fideval.quant.gguf_formats import gguf_dequantize
+
+    for t in _reader(path).tensors:
+        if names is not None and t.name not in names:
+            continue
+        shape = tuple(int(d) for d in reversed(t.shape))
+        yield t.name, t.tensor_type.name, gguf_dequantize(t.data, t.tensor_type, shape)
+
+
+def gguf_bits(path: str | Path) -> dict[str, Any]:
+    """Bits per weight of a real GGUF file per module class and overall, in the shape of
+    :meth:`fideval.quant.spec.CompiledSpec.bits` (``format`` lists the GGML types found in the class)."""
+    per: dict[str, Any] = {}
+    tot_n = tot_b = 0
+    for info in gguf_tensor_info(path):
+        cls = gguf_module_class_of(info["name"]) or "other"
+        row = per.setdefault(cls, {"format": set(), "recipe": None, "group": None, "tensors": 0, "params": 0, "bits": 0.0})
+        row["format"].add(info["type"])
+        row["tensors"] += 1
+        row["params"] += info["elements"]
+        row["bits"] += info["bits"]
+        tot_n += info["elements"]
+        tot_b += info["bits"]
+    for row in per.values():
+        row["format"] = "+".join(sorted(row["format"]))
+        row["bpw"] = row["bits"] / row["params"] if row["params"] else 0.0
+    return {"per_class": per, "total": {"params": tot_n, "bits": float(tot_b), "bpw": tot_b / tot_n if tot_n else 0.0}}

@@ -1,0 +1,206 @@
+"""Compile a quant spec (which format each module class gets) into the runner's hooks, and count bits.
+
+A spec maps module classes -- ``routed_experts``, ``shared_experts``, ``attention``, ``dense_mlp``,
+``lm_head`` -- to ``{format, recipe, group}``. It arrives as the config's pydantic ``QuantSpec``, a plain
+dict (the GPU machine has no pydantic), or a compact string for the CLI:
+``"routed_experts=mxfp4:rceil,attention=fp8_block,dense_mlp=int4:asym/64"`` (``format[:recipe][/group]``).
+
+:func:`module_class_of` is THE mapping from parameter names to module classes; the runner and
+``fideval quant inspect`` both use it, so what is counted is what is quantized.
+
+What gets quantized: floating tensors of rank >= 2 in a listed class (linear weights ``[out, in]`` and fused
+expert tensors ``[E, out, in]``, blocked along the last, input dim). Norms, biases and routers stay as
+they are. Quantize-dequantize happens once per tensor, as the runner materialises the layer.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+from collections.abc import Callable, Iterable, Mapping
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+from fideval.errors import FidevalError
+
+MODULE_CLASSES = ("routed_experts", "shared_experts", "attention", "dense_mlp", "lm_head")
+_ROUTER = re.compile(r"\.mlp\.(gate|router|shared_expert_gate)\.|\.mlp\.gate\.e_score_correction_bias$")
+
+
+def module_class_of(name: str) -> str | None:
+    """Module class of a parameter name (HF naming), or None for what is never quantized here
+    (embeddings, norms outside attention, routers).
+
+    ``mlp.experts.`` -> routed_experts; ``mlp.shared_experts.`` / ``mlp.shared_expert.`` -> shared_experts;
+    ``self_attn.`` -> attention; other ``mlp.`` (a dense layer's MLP) -> dense_mlp; ``lm_head`` -> lm_head.
+    The router (``mlp.gate.``, ``mlp.router.``, ``mlp.shared_expert_gate.``) -> None."""
+    if name.startswith("lm_head.") or name == "lm_head":
+        return "lm_head"
+    if ".self_attn." in name:
+        return "attention"
+    if ".mlp." not in name:
+        return None
+    if _ROUTER.search(name):
+        return None
+    if ".mlp.experts." in name:
+        return "routed_experts"
+    if ".mlp.shared_experts." in name or ".mlp.shared_expert." in name:
+        return "shared_experts"
+    return "dense_mlp"
+
+
+def is_quantized_tensor(name: str, shape: Iterable[int], floating: bool = True) -> bool:
+    """Rank >= 2 floating tensors are quantized; norms and biases never are (gpt-oss's fused expert
+    biases ``gate_up_proj_bias`` are rank 2, hence the name test)."""
+    return floating and len(tuple(shape)) >= 2 and not name.endswith("bias")
+
+
+@dataclass(frozen=True)
+class ModuleSpec:
+    format: str
+    recipe: str
+    group: int
+
+
+def _as_plain(spec: Any) -> dict[str, dict[str, Any]]:
+    if spec is None:
+        return {}
+    if isinstance(spec, str):
+        return parse_spec(spec)
+    if hasattr(spec, "model_dump"):  # the config's pydantic QuantSpec
+        spec = spec.model_dump()
+    if not isinstance(spec, Mapping):
+        raise FidevalError(f"quant spec must be a mapping of module class to format, got {type(spec).__name__}")
+    out = {}
+    for k, v in spec.items():
+        if v is None:
+            continue
+        if hasattr(v, "model_dump"):
+            v = v.model_dump()
+        if isinstance(v, str):
+            v = {"format": v}
+        out[k] = dict(v)
+    return out
+
+
+def parse_spec(text: str) -> dict[str, dict[str, Any]]:
+    """``"routed_experts=mxfp4:rceil,attention=fp8_block,dense_mlp=int4:asym/64"`` -> plain dict."""
+    out: dict[str, dict[str, Any]] = {}
+    for part in filter(None, (p.strip() for p in text.split(","))):
+        if "=" not in part:
+            raise FidevalError(f"quant spec item {part!r} has no '='", hint="write class=format[:recipe][/group]")
+        cls, rhs = (s.strip() for s in part.split("=", 1))
+        group = None
+        if "/" in rhs:
+            rhs, g = rhs.rsplit("/", 1)
+            if not g.isdigit():
+                raise FidevalError(f"quant spec item {part!r}: group {g!r} is not a positive integer")
+            group = int(g)
+        fmt, _, recipe = rhs.partition(":")
+        if cls in out:
+            raise FidevalError(f"quant spec names {cls!r} twice")
+        out[cls] = {"format": fmt.strip(), "recipe": recipe.strip() or None, "group": group}
+    if not out:
+        raise FidevalError("quant spec is empty", hint="e.g. routed_experts=mxfp4:rceil,attention=fp8_block")
+    return out
+
+
+def resolve_spec(spec: Any) -> dict[str, ModuleSpec]:
+    """Validate a spec (unknown classes, formats, recipes, groups -> one-line errors) and fill defaults."""
+    from fideval.quant.base import get_format
+
+    resolved = {}
+    for cls, m in _as_plain(spec).items():
+        if cls not in MODULE_CLASSES:
+            raise FidevalError(f"quant spec: unknown module class {cls!r}", hint=f"use {', '.join(MODULE_CLASSES)}")
+        unknown = set(m) - {"format", "recipe", "group"}
+        if unknown or "format" not in m:
+            raise FidevalError(f"quant spec {cls}: expected keys format, recipe, group", hint=f"got {sorted(m)}")
+        fmt = get_format(m["format"])
+        resolved[cls] = ModuleSpec(fmt.name, fmt.resolve_recipe(m.get("recipe")), fmt.resolve_group(m.get("group")))
+    return resolved
+
+
+def check_spec_classes(spec: Any, present: Iterable[str]) -> None:
+    """One-line error when the spec quantizes module classes the architecture does not have
+    (e.g. ``shared_experts`` on Qwen3-MoE without shared experts): it would silently measure nothing."""
+    missing = sorted(set(resolve_spec(spec)) - set(present))
+    if missing:
+        raise FidevalError(
+            f"quant spec names module class(es) {', '.join(missing)} that this model does not have",
+            hint=f"the model has: {', '.join(sorted(set(present))) or 'none'}",
+        )
+
+
+class CompiledSpec:
+    """The runner's hooks for one candidate: ``weight_transform`` and (serving path) ``act_transform``."""
+
+    def __init__(self, spec: Any, *, act_scale: str = "fp32", act_block: int = 128):
+        self.modules = resolve_spec(spec)
+        self.act_scale, self.act_block = act_scale, act_block
+
+    @property
+    def is_identity(self) -> bool:
+        return not self.modules
+
+    def weight_transform(self, module_class: str, name: str, tensor: torch.Tensor) -> torch.Tensor:
+        """Quantize-dequantize one materialised tensor; identity (the same object) when not quantized."""
+        m = self.modules.get(module_class)
+        if m is None or not is_quantized_tensor(name, tensor.shape, tensor.is_floating_point()):
+            return tensor
+        from fideval.quant.base import get_format
+
+        try:
+            return get_format(m.format).quant_dequant(tensor, m.recipe, m.group)
+        except FidevalError as e:
+            raise FidevalError(f"{name} ({module_class}): {e.message}", hint=e.hint) from None
+
+    @property
+    def act_transform(self) -> dict[str, Callable[[torch.Tensor], torch.Tensor]]:
+        """E4M3 per-1x128 activation quant-dequant for every quantized module class (serving path)."""
+        from fideval.quant.activations import act_quant_e4m3
+
+        def f(x: torch.Tensor) -> torch.Tensor:
+            return act_quant_e4m3(x, self.act_block, self.act_scale)
+
+        return {cls: f for cls in self.modules}
+
+    def bits(self, shapes: Mapping[str | None, Iterable[tuple[int, ...]]], base_bits: float = 16.0) -> dict[str, Any]:
+        """Bits per weight per module class and for the whole model.
+
+        ``shapes``: {module class (or None/"other" for the rest): [tensor shapes] or {tensor name: shape}}. Quantized tensors
+        (rank >= 2 in a listed class) count their exact storage, scales included; everything else counts
+        ``base_bits`` per element (16 for a bf16 checkpoint)."""
+        from fideval.quant.base import get_format
+
+        per_class: dict[str, Any] = {}
+        tot_n = tot_bits = 0.0
+        for cls, shape_list in shapes.items():
+            key = cls if cls in MODULE_CLASSES else "other"
+            m = self.modules.get(key)
+            row = per_class.setdefault(key, {"format": m.format if m else None, "recipe": m.recipe if m else None,
+                                             "group": m.group if m else None, "tensors": 0, "params": 0, "bits": 0.0})
+            named = shape_list.items() if isinstance(shape_list, Mapping) else (("", s) for s in shape_list)
+            for name, shape in named:
+                shape = tuple(int(d) for d in shape)
+                n = math.prod(shape)
+                if m is not None and is_quantized_tensor(name, shape):
+                    b = get_format(m.format).storage_bits(shape, m.group, m.recipe)
+                else:
+                    b = n * base_bits
+                row["tensors"] += 1
+                row["params"] += n
+                row["bits"] += b
+                tot_n += n
+                tot_bits += b
+        for row in per_class.values():
+            row["bpw"] = row["bits"] / row["params"] if row["params"] else 0.0
+        return {"per_class": per_class, "total": {"params": int(tot_n), "bits": tot_bits,
+                                                  "bpw": tot_bits / tot_n if tot_n else 0.0}}
+
+
+def compile_spec(spec: Any, **kw: Any) -> CompiledSpec:
+    """Build the hooks for ``spec`` (QuantSpec, plain dict, compact string, or None for identity)."""
+    return CompiledSpec(spec, **kw)
