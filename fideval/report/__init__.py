@@ -1,0 +1,1 @@
+"""report.json, per-sequence summaries, plots and the model card built from per-token records."""

@@ -1,0 +1,187 @@
+"""Integrity checks recorded in report.json; ``fideval check`` fails on any with status "fail".
+
+Each check says what was compared and against what, so a failure can be acted on:
+  self_score_zero     scoring the teacher against itself gives KLD exactly 0 and top-1 exactly 1 (score.json
+                      ``self_check`` blocks, and every row of the ``--self-check`` records): the scorer and
+                      the store agree bit for bit;
+  canary_identical    every store's canary (a sequence re-run and compared) was identical (manifest meta);
+  teacher_top1_range  per window, the teacher's top-1 matches the realised next token in [0.20, 0.995] of
+                      rows: below, the window is noise or mis-tokenised; above, memorised or degenerate text;
+  cpu_check           the GPU kernel's rows checked in float64 on the CPU differ by at most the tolerance;
+  nonfinite_rows      the scorer met no non-finite logits;
+  windows_match       every window in the records is listed in eval-windows.json (when given).
+A check whose input is absent has status "not_run" (not a failure).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+
+from fideval.report.inputs import RecordSet
+
+TOP1_RANGE = (0.20, 0.995)
+
+
+def _check(name: str, status: str, detail: str, **extra: Any) -> dict[str, Any]:
+    return {"name": name, "status": status, "detail": detail, **extra}
+
+
+def _parts(sets: list[RecordSet]) -> list[tuple[str, Any]]:
+    return [(f"{rs.candidate}/{rs.path}/{rs.length} ({p.folder})", p) for rs in sets for p in rs.parts]
+
+
+def self_score(sets: list[RecordSet], self_sets: list[RecordSet]) -> dict[str, Any]:
+    """score.json ``self_check`` blocks, and the rows of self-check records (teacher scored against itself)."""
+    runs = [
+        (who, p.score["self_check"])
+        for who, p in _parts(sets + self_sets)
+        if isinstance(p.score.get("self_check"), dict)
+    ]
+    runs += [
+        (
+            f"{rs.candidate}/{rs.path}/{rs.length} records",
+            {"max_kld": float(np.max(np.abs(rs.cols["kld"]))), "top1": float(rs.cols["top1"].mean())},
+        )
+        for rs in self_sets
+    ]
+    if not runs:
+        return _check("self_score_zero", "not_run", "no self-check records and no score.json self_check")
+    bad = [
+        f"{who}: max KLD {sc.get('max_kld')!r}, top-1 {sc.get('top1')!r}"
+        for who, sc in runs
+        if not (sc.get("max_kld") == 0 and sc.get("top1") == 1)
+    ]
+    worst = max(abs(float(sc.get("max_kld") or 0.0)) for _, sc in runs)
+    rows = sum(rs.rows for rs in self_sets)
+    if bad:
+        more = f" (and {len(bad) - 3} more)" if len(bad) > 3 else ""
+        return _check("self_score_zero", "fail", "; ".join(bad[:3]) + more, max_kld=worst, rows=rows)
+    return _check(
+        "self_score_zero", "pass", f"{len(runs)} self-score results: KLD 0, top-1 1", max_kld=worst, rows=rows
+    )
+
+
+def canary(manifests: list[dict[str, Any]]) -> dict[str, Any]:
+    found = [
+        (m["file"], m["meta"]["canary"])
+        for m in manifests
+        if isinstance(m["meta"].get("canary"), dict) and "identical" in m["meta"]["canary"]
+    ]
+    if not found:
+        return _check("canary_identical", "not_run", "no teacher manifest with a canary given")
+    bad = [f for f, c in found if c["identical"] is not True]
+    if bad:
+        more = f" (and {len(bad) - 3} more)" if len(bad) > 3 else ""
+        return _check(
+            "canary_identical",
+            "fail",
+            "canary re-run differs from the stored logits in " + ", ".join(bad[:3]) + more,
+            stores=len(found),
+        )
+    return _check(
+        "canary_identical", "pass", f"canary re-run identical in {len(found)} stores", stores=len(found)
+    )
+
+
+def teacher_top1(sets: list[RecordSet]) -> dict[str, Any]:
+    """Per (length, window): share of rows where the teacher's argmax is the realised token.
+
+    ``ref_correct`` depends only on the teacher and the tokens, so each (length, window) is read from the
+    first records set (in sorted order) that holds it.
+    """
+    lo, hi = TOP1_RANGE
+    rates: dict[tuple[int, str], float] = {}
+    for rs in sorted(sets, key=lambda r: (r.length, r.candidate, r.path)):
+        ids, inv = np.unique(rs.cols["window_id"].astype(str), return_inverse=True)
+        rate = np.bincount(inv, weights=rs.cols["ref_correct"].astype(np.float64)) / np.bincount(inv)
+        for w, r in zip(ids, rate):
+            rates.setdefault((rs.length, str(w)), float(r))
+    outside = [f"{w}@{length}: {r:.3f}" for (length, w), r in sorted(rates.items()) if not lo <= r <= hi]
+    allr = np.array(list(rates.values()))
+    extra = {"range": [lo, hi], "min": float(allr.min()), "max": float(allr.max()), "windows": int(allr.size)}
+    if outside:
+        more = f" (and {len(outside) - 5} more)" if len(outside) > 5 else ""
+        return _check(
+            "teacher_top1_range",
+            "fail",
+            "windows outside the range: " + ", ".join(outside[:5]) + more,
+            **extra,
+        )
+    return _check(
+        "teacher_top1_range", "pass", f"{allr.size} (length, window) pairs in [{lo}, {hi}]", **extra
+    )
+
+
+def cpu_check(sets: list[RecordSet]) -> dict[str, Any]:
+    blocks = [
+        (who, p.score["cpu_check"]) for who, p in _parts(sets) if isinstance(p.score.get("cpu_check"), dict)
+    ]
+    if not blocks:
+        return _check("cpu_check", "not_run", "no score.json carries a cpu_check")
+    _, worst = max(blocks, key=lambda b: float(b[1].get("max_rel_diff") or 0.0))
+    rows = sum(int(b.get("rows_checked") or 0) for _, b in blocks)
+    bad = [
+        f"{who}: {b['max_rel_diff']:.3g} > {b['tolerance']:.3g}"
+        for who, b in blocks
+        if float(b.get("max_rel_diff") or 0.0) > float(b.get("tolerance") or 0.0)
+    ]
+    extra = {
+        "max_rel_diff": float(worst.get("max_rel_diff") or 0.0),
+        "rows_checked": rows,
+        "tolerance": float(worst.get("tolerance") or 0.0),
+    }
+    if bad:
+        return _check(
+            "cpu_check", "fail", "GPU-vs-CPU difference above tolerance: " + "; ".join(bad), **extra
+        )
+    return _check(
+        "cpu_check",
+        "pass",
+        f"largest GPU-vs-CPU relative difference {extra['max_rel_diff']:.3g} " f"over {rows} rows",
+        **extra,
+    )
+
+
+def nonfinite(sets: list[RecordSet]) -> dict[str, Any]:
+    bad = [
+        f"{who}: {p.score.get('nonfinite_rows')}"
+        for who, p in _parts(sets)
+        if p.score.get("nonfinite_rows", 0) not in (0, None)
+    ]
+    if bad:
+        return _check("nonfinite_rows", "fail", "scorer skipped non-finite rows: " + "; ".join(bad))
+    return _check("nonfinite_rows", "pass", "no non-finite rows")
+
+
+def windows_match(sets: list[RecordSet], windows: dict[str, Any] | None) -> dict[str, Any]:
+    if windows is None:
+        return _check("windows_match", "not_run", "no eval-windows.json given")
+    known = windows["windows"]
+    seen = sorted({str(w) for rs in sets for w in np.unique(rs.cols["window_id"].astype(str))})
+    unknown = [w for w in seen if w not in known]
+    if unknown:
+        return _check(
+            "windows_match",
+            "fail",
+            f"{len(unknown)} windows not in eval-windows.json: " + ", ".join(unknown[:5]),
+        )
+    return _check("windows_match", "pass", f"{len(seen)} windows, all in eval-windows.json")
+
+
+def run_all(
+    sets: list[RecordSet],
+    self_sets: list[RecordSet],
+    windows: dict[str, Any] | None,
+    manifests: list[dict[str, Any]],
+) -> list[dict[str, Any]]:
+    """``sets``: merged records sets of the candidates; ``self_sets``: teacher-vs-teacher records."""
+    return [
+        self_score(sets, self_sets),
+        canary(manifests),
+        teacher_top1(sets + self_sets),
+        cpu_check(sets + self_sets),
+        nonfinite(sets + self_sets),
+        windows_match(sets + self_sets, windows),
+    ]

@@ -1,0 +1,231 @@
+"""Every figure of one records set (a candidate, path and length), on the report's shared resamples.
+
+Means are token-weighted (each scored row counts once, so a long window weighs more than a short one):
+the figure a reader compares across builds is "mean KLD per predicted token". Their intervals are the
+cluster BCa of ``fideval/stats/bootstrap.py``; top-1 agreement carries three intervals (Wilson, design-
+effect Wilson, cluster BCa) because they answer different questions: Wilson assumes independent tokens,
+the other two account for windows. All per-window sums of a set go into one ``[G, F]`` matrix so every
+mean of the set (overall, per domain, per position bucket) is one matmul with the count matrix.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+
+from fideval.report.inputs import RecordSet
+from fideval.stats.bootstrap import cluster_bca_means
+from fideval.stats.clusters import cluster_sums
+from fideval.stats.quantiles import quantile_figures
+from fideval.stats.wilson import wilson_figure, wilson_interval
+
+# reference top-1 probability buckets for "top-1 agreement by reference confidence"
+CONFIDENCE_EDGES = (0.0, 0.2, 0.4, 0.6, 0.8, 0.9, 0.95, 0.99, 1.0)
+OVERALL_MEANS = (("mean_kld", "kld"), ("mean_rkld", "rkld"), ("mean_delta_nll", "delta_nll"))
+AGREEMENT = ("top1", "top5", "top10")
+
+
+def position_edges(length: int) -> list[int]:
+    """Bucket edges over row positions 0..length-2: [0, 16), [16, 32), [32, 64), ... doubling, then the end.
+
+    Doubling buckets because the reference's own uncertainty (and most quantization damage to attention)
+    changes fastest over the first tokens of a sequence and slowly after a few hundred.
+    """
+    end = length - 1
+    edges = [0]
+    e = 16
+    while e < end:
+        edges.append(e)
+        e *= 2
+    edges.append(end)
+    return edges
+
+
+class SetFigures:
+    """Figures of one records set; ``result`` is its report.json entry."""
+
+    def __init__(
+        self,
+        rs: RecordSet,
+        codes: np.ndarray,
+        n_clusters: int,
+        counts: np.ndarray,
+        domains: list[str],
+        *,
+        confidence: float,
+        seed: int,
+        qs: list[float],
+    ):
+        self.rs, self.codes, self.g = rs, codes, n_clusters
+        self.counts, self.confidence, self.seed, self.qs = counts, confidence, seed, qs
+        c = rs.cols
+        self.values = {
+            "kld": c["kld"],
+            "rkld": c["rkld"],
+            "delta_nll": c["nll_cand"] - c["nll_ref"],
+            **{a: c[a].astype(np.float64) for a in AGREEMENT},
+        }
+        self.n_all = cluster_sums(codes, np.ones(codes.size), n_clusters)
+        self.s_kld = cluster_sums(codes, c["kld"], n_clusters)
+        self.domains = domains
+        self.edges = position_edges(rs.length)
+        self.result = self._compute()
+
+    def _stamp(self, fig: dict[str, Any] | None) -> dict[str, Any] | None:
+        if fig is not None:
+            fig.update(seed=self.seed, confidence=self.confidence)
+        return fig
+
+    def _agreement(self, name: str, mask: np.ndarray | None, bca: dict[str, Any]) -> dict[str, Any]:
+        codes = self.codes if mask is None else self.codes[mask]
+        y = self.values[name] if mask is None else self.values[name][mask]
+        w = wilson_figure(
+            cluster_sums(codes, y, self.g), cluster_sums(codes, np.ones(codes.size), self.g), self.confidence
+        )
+        w["wilson"].update(confidence=self.confidence)
+        if w["wilson_deff"] is not None:
+            w["wilson_deff"].update(confidence=self.confidence)
+        return {
+            "estimate": w["estimate"],
+            "rows": int(codes.size),
+            "clusters": bca["clusters"],
+            "wilson": w["wilson"],
+            "wilson_deff": w["wilson_deff"],
+            "cluster_bca": self._stamp(bca),
+        }
+
+    def _compute(self) -> dict[str, Any]:
+        rs, g, codes = self.rs, self.g, self.codes
+        cols: list[tuple[str, np.ndarray | None, str]] = [(f, None, v) for f, v in OVERALL_MEANS]
+        cols += [(a, None, a) for a in AGREEMENT]
+        dom_masks = {d: rs.cols["domain"] == d for d in self.domains}
+        for d, m in dom_masks.items():
+            cols += [(f"{d}/mean_kld", m, "kld"), (f"{d}/top1", m, "top1")]
+        pos = rs.cols["position"]
+        pos_masks = [(a, b, (pos >= a) & (pos < b)) for a, b in zip(self.edges[:-1], self.edges[1:])]
+        cols += [(f"pos{a}/mean_kld", m, "kld") for a, _, m in pos_masks]
+        s = np.empty((g, len(cols)))
+        n = np.empty((g, len(cols)))
+        for j, (_, m, v) in enumerate(cols):
+            cm = codes if m is None else codes[m]
+            s[:, j] = cluster_sums(cm, self.values[v] if m is None else self.values[v][m], g)
+            n[:, j] = cluster_sums(cm, np.ones(cm.size), g)
+        bca = dict(zip((name for name, _, _ in cols), cluster_bca_means(s, n, self.counts, self.confidence)))
+
+        overall: dict[str, Any] = {f: self._stamp(bca[f]) for f, _ in OVERALL_MEANS}
+        overall |= {a: self._agreement(a, None, bca[a]) for a in AGREEMENT}
+        overall["kld_quantiles"] = [
+            self._stamp(q)
+            for q in quantile_figures(rs.cols["kld"], codes, self.counts, self.qs, self.confidence)
+        ]
+
+        domains = {}
+        for d, m in dom_masks.items():
+            if not m.any():
+                # documented handling: a domain without rows is listed, with null figures and a flag
+                domains[d] = {
+                    "rows": 0,
+                    "clusters": 0,
+                    "mean_kld": None,
+                    "top1": None,
+                    "kld_quantiles": None,
+                    "flags": ["no_rows"],
+                }
+                continue
+            domains[d] = {
+                "rows": int(m.sum()),
+                "clusters": int(np.unique(codes[m]).size),
+                "mean_kld": self._stamp(bca[f"{d}/mean_kld"]),
+                "top1": self._agreement("top1", m, bca[f"{d}/top1"]),
+                "kld_quantiles": [
+                    self._stamp(q)
+                    for q in quantile_figures(
+                        rs.cols["kld"][m], codes[m], self.counts, self.qs, self.confidence
+                    )
+                ],
+                "flags": [],
+            }
+
+        positions = []
+        for a, b, m in pos_masks:
+            positions.append(
+                {
+                    "start": a,
+                    "end": b,
+                    "rows": int(m.sum()),
+                    "mean_kld": self._stamp(bca[f"pos{a}/mean_kld"]) if m.any() else None,
+                }
+            )
+
+        p1 = rs.cols["p1_ref"]
+        conf = []
+        for i, (a, b) in enumerate(zip(CONFIDENCE_EDGES[:-1], CONFIDENCE_EDGES[1:])):
+            m = (p1 >= a) & ((p1 <= b) if i == len(CONFIDENCE_EDGES) - 2 else (p1 < b))
+            k, tot = int(rs.cols["top1"][m].sum()), int(m.sum())
+            entry: dict[str, Any] = {
+                "p1_low": a,
+                "p1_high": b,
+                "rows": tot,
+                "mean_p1_ref": None,
+                "top1": None,
+            }
+            if tot:
+                lo, hi = wilson_interval(k, tot, self.confidence)
+                entry["mean_p1_ref"] = float(p1[m].mean())
+                entry["top1"] = {
+                    "estimate": k / tot,
+                    "ci": [lo, hi],
+                    "method": "wilson",
+                    "confidence": self.confidence,
+                }
+            conf.append(entry)
+
+        return {
+            "candidate": rs.candidate,
+            "path": rs.path,
+            "length": rs.length,
+            "rows": rs.rows,
+            "clusters": int(np.count_nonzero(self.n_all)),
+            "sequences": int(np.unique(rs.cols["seq_id"]).size),
+            "inputs": [p.record() for p in rs.parts],
+            "overall": overall,
+            "domains": domains,
+            "positions": positions,
+            "confidence_buckets": conf,
+        }
+
+
+def summary(sets: list[RecordSet]) -> dict[str, Any]:
+    """``summary-<candidate>-<path>.json``: mean KLD, top-1 and rows per sequence and per window."""
+    seqs, wins = [], []
+    for rs in sorted(sets, key=lambda r: r.length):
+        c = rs.cols
+        for key, out in (("seq_id", seqs), ("window_id", wins)):
+            ids, inv = np.unique(c[key].astype(str), return_inverse=True)
+            rows = np.bincount(inv, minlength=ids.size)
+            kld = np.bincount(inv, weights=c["kld"], minlength=ids.size) / rows
+            top1 = np.bincount(inv, weights=c["top1"].astype(np.float64), minlength=ids.size) / rows
+            dom = dict(zip(c[key].astype(str), c["domain"].astype(str)))
+            win = dict(zip(c["seq_id"].astype(str), c["window_id"].astype(str)))
+            for j, i in enumerate(ids):
+                e = {
+                    "length": rs.length,
+                    key: str(i),
+                    "domain": dom[i],
+                    "rows": int(rows[j]),
+                    "mean_kld": float(kld[j]),
+                    "top1": float(top1[j]),
+                }
+                if key == "seq_id":
+                    e["window_id"] = win[i]
+                out.append(e)
+    first = sets[0]
+    return {
+        "format": "fideval.summary",
+        "version": 1,
+        "candidate": first.candidate,
+        "path": first.path,
+        "sequences": seqs,
+        "windows": wins,
+    }

@@ -1,0 +1,259 @@
+"""Reading and checking the report's inputs: records folders, eval-windows.json, the teacher manifest.
+
+Every problem is one :class:`FidevalError` line naming the file and the column or key. Non-finite values
+in a float column are an error (the scorer's contract is ``nonfinite_rows: 0``; a NaN would silently
+poison every mean and interval), as are nulls and records that disagree with their score.json.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from fideval.errors import FidevalError
+from fideval.fsio import sha256_file
+
+SCORE_FORMAT, SCORE_VERSION = "fideval.score", 1
+FLOAT_COLUMNS = ("kld", "rkld", "nll_ref", "nll_cand", "dp", "entropy_ref", "p1_ref")
+BOOL_COLUMNS = ("top1", "top5", "top10", "ref_correct")
+STR_COLUMNS = ("candidate", "path", "seq_id", "window_id", "domain")
+INT_COLUMNS = ("length", "position", "token")
+COLUMNS = STR_COLUMNS + INT_COLUMNS + FLOAT_COLUMNS + BOOL_COLUMNS
+
+
+@dataclass(frozen=True)
+class Part:
+    """One records folder: where it is, its score.json and both files' SHA-256."""
+
+    folder: str
+    score: dict[str, Any]
+    records_sha256: str
+    score_sha256: str
+
+    def record(self) -> dict[str, str]:
+        return {
+            "records": self.folder,
+            "records_sha256": self.records_sha256,
+            "score_sha256": self.score_sha256,
+        }
+
+
+@dataclass
+class RecordSet:
+    """A (candidate, path, length) scored on the windows, as numpy columns, from one or more folders
+    (the workflow scores each domain into its own folder; :func:`merge` joins them)."""
+
+    candidate: str
+    path: str
+    length: int
+    parts: list[Part]
+    cols: dict[str, np.ndarray] = field(repr=False)
+
+    @property
+    def key(self) -> tuple[str, str, int]:
+        return (self.candidate, self.path, self.length)
+
+    @property
+    def rows(self) -> int:
+        return int(self.cols["kld"].size)
+
+    @property
+    def where(self) -> str:
+        return self.parts[0].folder + (
+            f" (and {len(self.parts) - 1} more folders)" if len(self.parts) > 1 else ""
+        )
+
+
+def merge(sets: list[RecordSet]) -> list[RecordSet]:
+    """Join the records sets of one (candidate, path, length), sorted by key; a sequence in two folders is an error."""
+    groups: dict[tuple[str, str, int], list[RecordSet]] = {}
+    for rs in sets:
+        groups.setdefault(rs.key, []).append(rs)
+    out = []
+    for key in sorted(groups):
+        grp = sorted(groups[key], key=lambda r: r.parts[0].folder)
+        if len(grp) == 1:
+            out.append(grp[0])
+            continue
+        seen: dict[str, str] = {}
+        for rs in grp:
+            for sid in np.unique(rs.cols["seq_id"].astype(str)):
+                if sid in seen:
+                    raise FidevalError(
+                        f"sequence {sid} of {'/'.join(map(str, key))} is in both {seen[sid]} and "
+                        f"{rs.parts[0].folder}",
+                        hint="give each scored sequence once",
+                    )
+                seen[sid] = rs.parts[0].folder
+        cols = {c: np.concatenate([rs.cols[c] for rs in grp]) for c in grp[0].cols}
+        out.append(RecordSet(*key, parts=[p for rs in grp for p in rs.parts], cols=cols))
+    return out
+
+
+def read_json(path: Path, what: str) -> dict[str, Any]:
+    try:
+        obj = json.loads(path.read_text(encoding="utf-8"))
+    except FileNotFoundError:
+        raise FidevalError(f"{path} not found", hint=f"give the folder that holds {what}") from None
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as e:
+        raise FidevalError(
+            f"{path} is not readable JSON ({type(e).__name__})", hint=f"regenerate {what}"
+        ) from None
+    if not isinstance(obj, dict):
+        raise FidevalError(f"{path}: expected a JSON object at the top level")
+    return obj
+
+
+def load_records(folder: str | Path) -> list[RecordSet]:
+    """Read ``records.parquet`` + ``score.json`` of one folder and check them against the contract.
+
+    One records set per length: a folder scored over several lengths (``score.json`` ``length: null``)
+    is split by the ``length`` column.
+    """
+    import polars as pl
+
+    folder = Path(folder)
+    if not folder.is_dir():
+        raise FidevalError(
+            f"records folder {folder} does not exist", hint="pass the folder 'fideval score' wrote"
+        )
+    score_path, rec_path = folder / "score.json", folder / "records.parquet"
+    score = read_json(score_path, "score.json")
+    if score.get("format") != SCORE_FORMAT:
+        raise FidevalError(f"{score_path}: format is {score.get('format')!r}, expected {SCORE_FORMAT!r}")
+    if score.get("version") != SCORE_VERSION:
+        raise FidevalError(
+            f"{score_path}: score format version {score.get('version')!r}, this fideval reads {SCORE_VERSION}",
+            hint="re-score with this fideval version",
+        )
+    for key in ("candidate", "path", "length"):
+        if key not in score:
+            raise FidevalError(f"{score_path}: missing key '{key}'")
+    if not rec_path.exists():
+        raise FidevalError(
+            f"{rec_path} not found", hint="the scorer writes records.parquet beside score.json"
+        )
+    try:
+        schema = pl.read_parquet_schema(rec_path)
+        missing = [c for c in COLUMNS if c not in schema]
+        if missing:
+            more = f" (and {len(missing) - 1} more)" if len(missing) > 1 else ""
+            raise FidevalError(
+                f"{rec_path}: missing column '{missing[0]}'{more}",
+                hint="see the per-token records contract in docs/formats-report.md",
+            )
+        df = pl.read_parquet(rec_path, columns=list(COLUMNS))
+    except FidevalError:
+        raise
+    except Exception as e:  # corrupt parquet: polars raises its own error types
+        raise FidevalError(
+            f"{rec_path} is unreadable ({type(e).__name__})", hint="re-run 'fideval score'"
+        ) from None
+    if df.height == 0:
+        raise FidevalError(f"{rec_path} has no rows", hint="re-run 'fideval score'")
+    for c in COLUMNS:
+        nulls = df[c].null_count()
+        if nulls:
+            raise FidevalError(
+                f"{rec_path}: column '{c}' has {nulls} null values", hint="re-run 'fideval score'"
+            )
+    for c in FLOAT_COLUMNS:
+        if not df[c].dtype.is_float():
+            raise FidevalError(f"{rec_path}: column '{c}' has type {df[c].dtype}, expected float64")
+        bad = ~df[c].is_finite()
+        n_bad = int(bad.sum())
+        if n_bad:
+            first = df.filter(bad).row(0, named=True)
+            raise FidevalError(
+                f"{rec_path}: column '{c}' has {n_bad} NaN/infinite values (first at seq_id "
+                f"{first['seq_id']} position {first['position']})",
+                hint="re-score (the records contract has no non-finite rows)",
+            )
+    checks = [("candidate", score["candidate"]), ("path", score["path"])]
+    if score["length"] is not None:
+        checks.append(("length", score["length"]))
+    for c, want in checks:
+        vals = df[c].unique().to_list()
+        if vals != [want]:
+            raise FidevalError(
+                f"{rec_path}: column '{c}' holds {sorted(map(str, vals))[:3]}, score.json says {want!r}",
+                hint="one records folder holds one candidate and path",
+            )
+    if score.get("rows") is not None and int(score["rows"]) != df.height:
+        raise FidevalError(
+            f"{rec_path}: {df.height} rows, score.json says {score['rows']}", hint="re-run 'fideval score'"
+        )
+    rec_sha, score_sha = sha256_file(rec_path), sha256_file(score_path)
+    out = []
+    for length in sorted(df["length"].unique().to_list()):
+        part = df.filter(pl.col("length") == length)
+        cols = {c: part[c].to_numpy() for c in ("seq_id", "window_id", "domain")}
+        cols |= {c: part[c].to_numpy().astype(np.int64) for c in ("position", "token")}
+        cols |= {c: part[c].to_numpy().astype(np.float64) for c in FLOAT_COLUMNS}
+        cols |= {c: part[c].to_numpy().astype(bool) for c in BOOL_COLUMNS}
+        part = Part(folder=str(folder), score=score, records_sha256=rec_sha, score_sha256=score_sha)
+        out.append(
+            RecordSet(
+                candidate=str(score["candidate"]),
+                path=str(score["path"]),
+                length=int(length),
+                parts=[part],
+                cols=cols,
+            )
+        )
+    return out
+
+
+_SHA_KEYS = ("token_sha256", "tokens_sha256", "sha256")
+
+
+def load_windows(folder: str | Path) -> dict[str, Any]:
+    """eval-windows.json (the windows stage's record): file hash, per-window token SHA-256, domain sources.
+
+    Accepts ``windows`` as a list of objects with ``id`` (or ``window_id``), ``domain`` and a token hash
+    (``token_sha256``, ``tokens_sha256`` or ``sha256``), or as an object keyed by window id.
+    """
+    folder = Path(folder)
+    path = folder / "eval-windows.json" if folder.is_dir() else folder
+    obj = read_json(path, "eval-windows.json")
+    raw = obj.get("windows")
+    if isinstance(raw, dict):
+        raw = [{"id": k, **v} for k, v in raw.items() if isinstance(v, dict)]
+    if not isinstance(raw, list):
+        raise FidevalError(
+            f"{path}: missing key 'windows' (a list of windows)", hint="rebuild with 'fideval windows'"
+        )
+    windows = {}
+    for i, w in enumerate(raw):
+        wid = w.get("id", w.get("window_id")) if isinstance(w, dict) else None
+        if not isinstance(wid, str):
+            raise FidevalError(f"{path}: windows[{i}] has no 'id'")
+        sha = next((w[k] for k in _SHA_KEYS if isinstance(w.get(k), str)), None)
+        windows[wid] = {"domain": w.get("domain", wid.rsplit("-", 1)[0]), "token_sha256": sha}
+    domains = obj.get("domains") if isinstance(obj.get("domains"), dict) else {}
+    sources = {name: d.get("source") for name, d in domains.items() if isinstance(d, dict)}
+    return {
+        "file": str(path),
+        "sha256": sha256_file(path),
+        "format": obj.get("format"),
+        "version": obj.get("version"),
+        "windows": windows,
+        "sources": sources,
+        "provenance": obj.get("provenance"),
+    }
+
+
+def load_teacher_manifest(path: str | Path) -> dict[str, Any]:
+    """The logit store's manifest.json: its meta (model, canary) and its hash."""
+    path = Path(path)
+    if path.is_dir():
+        path = path / "manifest.json"
+    obj = read_json(path, "the store's manifest.json")
+    meta = obj.get("meta")
+    if not isinstance(meta, dict):
+        raise FidevalError(f"{path}: missing key 'meta'", hint="pass the teacher store's manifest.json")
+    return {"file": str(path), "sha256": sha256_file(path), "meta": meta}

@@ -1,0 +1,447 @@
+"""`fideval report` / `check` on synthetic records: values against independent computations, determinism,
+the integrity checks and the one-line errors for bad inputs."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import sys
+
+import numpy as np
+import polars as pl
+import pytest
+from scipy import stats
+
+from fideval.report import synthetic as syn
+
+DOMAINS = ["code", "math", "prose"]
+
+
+def cli(capsys, *args: str) -> tuple[int, str, str]:
+    """Run the fideval CLI in-process (as the console script does); returns (exit code, stdout, stderr)."""
+    from fideval import cli as cli_mod
+
+    old = sys.argv
+    sys.argv = ["fideval", *args]
+    try:
+        cli_mod.main()
+        code = 0
+    except SystemExit as e:
+        code = int(e.code or 0)
+    finally:
+        sys.argv = old
+    out = capsys.readouterr()
+    return code, out.out, out.err
+
+
+def make_records(root, windows, *, sets=None, seed=0, **kw):
+    sets = sets or [
+        ("q4", "serving", 256, 1.2),
+        ("q4", "weights-only", 256, 1.0),
+        ("q8", "serving", 256, 0.3),
+        ("q4", "serving", 64, 1.3),
+    ]
+    dirs = []
+    for cand, path, length, eff in sets:
+        df = syn.records_frame(cand, path, length, 256, windows, effect=eff, seed=seed)
+        dirs.append(
+            str(syn.write_records(root / f"rec-{cand}-{path}-{length}", df, cand, path, length, **kw))
+        )
+    return dirs
+
+
+@pytest.fixture(scope="module")
+def demo(tmp_path_factory):
+    root = tmp_path_factory.mktemp("rep")
+    windows = syn.window_ids(DOMAINS, 4)
+    dirs = make_records(root, windows)
+    syn.write_eval_windows(root, windows + [("legal-000", "legal")], 256)
+    return root, dirs
+
+
+def records_args(dirs):
+    return [a for d in dirs for a in ("--records", d)]
+
+
+@pytest.fixture(scope="module")
+def report(demo, tmp_path_factory):
+    root, dirs = demo
+    out = tmp_path_factory.mktemp("out")
+    from fideval.config import ReportConfig
+    from fideval.report.build import build, write
+    from fideval.report.inputs import load_windows
+
+    path = write(build(dirs, windows=load_windows(root), settings=ReportConfig(resamples=1000, seed=3)), out)
+    return json.loads(path.read_text()), out
+
+
+def _frame(dirs, i):
+    return pl.read_parquet(f"{dirs[i]}/records.parquet")
+
+
+def test_figures_match_independent_computation(demo, report):
+    root, dirs = demo
+    rep, _ = report
+    assert rep["format"] == "fideval.report" and rep["version"] == 1
+    by_key = {(r["candidate"], r["path"], r["length"]): r for r in rep["results"]}
+    df = _frame(dirs, 0)  # q4 serving 256
+    r = by_key[("q4", "serving", 256)]
+    o = r["overall"]
+    assert o["mean_kld"]["estimate"] == pytest.approx(df["kld"].mean(), rel=1e-12)
+    assert r["rows"] == df.height and r["clusters"] == 12 and o["mean_kld"]["resamples"] == 1000
+    assert (
+        o["mean_kld"]["seed"] == 3
+        and o["mean_kld"]["ci"][0] < o["mean_kld"]["estimate"] < o["mean_kld"]["ci"][1]
+    )
+    k = int(df["top1"].sum())
+    ci = stats.binomtest(k, df.height).proportion_ci(method="wilson")
+    np.testing.assert_allclose(o["top1"]["wilson"]["ci"], [ci.low, ci.high], atol=1e-12)
+    assert [q["estimate"] for q in o["kld_quantiles"]] == list(
+        np.quantile(df["kld"].to_numpy(), [0.5, 0.9, 0.99, 0.999])
+    )
+    dom = df.group_by("domain").agg(pl.col("kld").mean()).sort("domain")
+    for d, m in zip(dom["domain"], dom["kld"]):
+        assert r["domains"][d]["mean_kld"]["estimate"] == pytest.approx(m, rel=1e-12)
+    # a domain listed in eval-windows.json without rows: kept, null figures, flagged
+    assert r["domains"]["legal"] == {
+        "rows": 0,
+        "clusters": 0,
+        "mean_kld": None,
+        "top1": None,
+        "kld_quantiles": None,
+        "flags": ["no_rows"],
+    }
+    assert rep["provenance"]["dataset"]["windows_without_rows"] == ["legal-000"]
+    pos = df.filter(pl.col("position") < 16)["kld"].mean()
+    assert r["positions"][0]["start"] == 0 and r["positions"][0]["mean_kld"]["estimate"] == pytest.approx(
+        pos, rel=1e-12
+    )
+    assert r["positions"][-1]["end"] == 255
+    # comparisons: ratio of builds, path difference, length ratio
+    q8 = _frame(dirs, 2)["kld"].mean()
+    ratio = next(
+        c for c in rep["comparisons"]["builds"] if c["numerator"] == "q4" and c["denominator"] == "q8"
+    )
+    assert ratio["estimate"] == pytest.approx(df["kld"].mean() / q8, rel=1e-12)
+    assert ratio["ci"][0] < ratio["estimate"] < ratio["ci"][1]
+    diff = rep["comparisons"]["paths"][0]
+    assert diff["estimate"] == pytest.approx(df["kld"].mean() - _frame(dirs, 1)["kld"].mean(), rel=1e-12)
+    ln = rep["comparisons"]["lengths"][0]
+    assert (ln["numerator"], ln["denominator"]) == (64, 256)
+    assert ln["estimate"] == pytest.approx(_frame(dirs, 3)["kld"].mean() / df["kld"].mean(), rel=1e-12)
+    sha = {w["id"]: w["token_sha256"] for w in rep["provenance"]["dataset"]["windows"]}
+    assert len(sha) == 13 and all(len(s) == 64 for s in sha.values())
+
+
+def test_report_interval_equals_scipy_for_one_domain(tmp_path):
+    windows = syn.window_ids(["code"], 40)
+    dirs = make_records(tmp_path, windows, sets=[("q4", "serving", 128, 1.0)])
+    from fideval.config import ReportConfig
+    from fideval.report.build import build
+
+    rep = build(dirs, settings=ReportConfig(resamples=2000, seed=11)).report
+    df = (
+        _frame(dirs, 0)
+        .group_by("window_id")
+        .agg(pl.col("kld").sum().alias("s"), pl.len().alias("n"))
+        .sort("window_id")
+    )
+    s, n = df["s"].to_numpy(), df["n"].to_numpy().astype(float)
+    ref = stats.bootstrap(
+        (s, n),
+        lambda a, b, axis=-1: a.sum(axis) / b.sum(axis),
+        paired=True,
+        vectorized=True,
+        method="BCa",
+        n_resamples=2000,
+        rng=np.random.default_rng(11),
+    ).confidence_interval
+    np.testing.assert_allclose(
+        rep["results"][0]["overall"]["mean_kld"]["ci"], [ref.low, ref.high], rtol=1e-12
+    )
+
+
+def test_summaries(demo, report):
+    _, dirs = demo
+    rep, out = report
+    summ = json.loads((out / "summary-q4-serving.json").read_text())
+    assert summ["format"] == "fideval.summary" and summ["version"] == 1
+    df = pl.concat([_frame(dirs, 0), _frame(dirs, 3)])
+    per = df.group_by("length", "window_id").agg(pl.col("kld").mean(), pl.col("top1").mean(), pl.len())
+    got = {(w["length"], w["window_id"]): w for w in summ["windows"]}
+    assert len(got) == per.height == 24
+    for row in per.iter_rows(named=True):
+        w = got[(row["length"], row["window_id"])]
+        assert (
+            w["rows"] == row["len"]
+            and w["mean_kld"] == pytest.approx(row["kld"])
+            and w["top1"] == pytest.approx(row["top1"])
+        )
+    assert len(summ["sequences"]) == 12 + 48 and {s["window_id"] for s in summ["sequences"]} == {
+        w for w, _ in syn.window_ids(DOMAINS, 4)
+    }
+
+
+def test_deterministic_bytes(demo, tmp_path, capsys):
+    root, dirs = demo
+    hashes = []
+    for k in range(2):
+        out = tmp_path / f"o{k}"
+        code, _, err = cli(
+            capsys,
+            "report",
+            *records_args(dirs),
+            "--windows",
+            str(root),
+            "--out",
+            str(out),
+            "--resamples",
+            "300",
+        )
+        assert code == 0, err
+        hashes.append({p.name: hashlib.sha256(p.read_bytes()).hexdigest() for p in sorted(out.iterdir())})
+    assert hashes[0] == hashes[1]
+    assert "report.json" in hashes[0] and sum(n.endswith(".png") for n in hashes[0]) == 12
+
+
+def test_checks_and_gates(tmp_path, capsys):
+    windows = syn.window_ids(DOMAINS, 4)
+    df = syn.records_frame("q4", "serving", 128, 128, windows, seed=1)
+    df = df.with_columns(
+        pl.when(pl.col("window_id") == "math-001")
+        .then(True)
+        .otherwise(pl.col("ref_correct"))
+        .alias("ref_correct")
+    )
+    d1 = syn.write_records(tmp_path / "a", df, "q4", "serving", 128, cpu_diff=5e-12)
+    ref = syn.records_frame("teacher", "store", 128, 128, windows, seed=1)
+    d2 = syn.write_records(
+        tmp_path / "b", ref, "teacher", "store", 128, self_check={"max_kld": 1e-9, "top1": 1.0}
+    )
+
+    def zero(length):
+        f = syn.records_frame("teacher-self", "store", length, 128, windows, seed=1)
+        return f.with_columns(pl.lit(0.0).alias("kld"), pl.lit(True).alias("top1"))
+
+    d3 = syn.write_records(tmp_path / "self-ok", zero(128), "teacher-self", "store", 128)
+    d4 = syn.write_records(
+        tmp_path / "self-bad",
+        zero(64).with_columns(pl.when(pl.col("position") == 3).then(1e-300).otherwise(0.0).alias("kld")),
+        "teacher-self",
+        "store",
+        64,
+    )
+    man = tmp_path / "manifest.json"
+    man.write_text(
+        json.dumps(
+            {"format": "fideval.store", "version": 1, "meta": {"canary": {"identical": False}}, "shards": {}}
+        )
+    )
+    out = tmp_path / "out"
+    code, _, err = cli(
+        capsys,
+        "report",
+        "--records",
+        str(d1),
+        "--records",
+        str(d2),
+        "--teacher-manifest",
+        str(man),
+        "--self-check",
+        str(d3),
+        "--self-check",
+        str(d4),
+        "--out",
+        str(out),
+        "--resamples",
+        "200",
+        "--no-plots",
+    )
+    assert code == 0, err
+    rep = json.loads((out / "report.json").read_text())
+    status = {c["name"]: c["status"] for c in rep["checks"]}
+    assert status == {
+        "self_score_zero": "fail",
+        "canary_identical": "fail",
+        "teacher_top1_range": "fail",
+        "cpu_check": "fail",
+        "nonfinite_rows": "pass",
+        "windows_match": "not_run",
+    }
+    top = next(c for c in rep["checks"] if c["name"] == "teacher_top1_range")
+    assert "math-001@128: 1.000" in top["detail"]
+    self_score = next(c for c in rep["checks"] if c["name"] == "self_score_zero")
+    assert "teacher-self/store/64 records: max KLD 1e-300" in self_score["detail"]
+    assert (
+        "teacher/store/128" in self_score["detail"] and "teacher-self/store/128" not in self_score["detail"]
+    )
+    assert {r["candidate"] for r in rep["results"]} == {"q4", "teacher"}  # self-check records are not results
+    code, _, err = cli(
+        capsys, "check", str(out / "report.json"), "--max-mean-kld", "0.001", "--min-top1", "0.999"
+    )
+    lines = err.strip().splitlines()
+    assert code == 1 and len(lines) == 4 + 2 + 2 and all(line.startswith("FAIL ") for line in lines)
+    assert any("gate mean_kld_max failed: q4/serving/128" in line for line in lines)
+    code, _, _ = cli(capsys, "check", str(out / "report.json"), "--out", str(tmp_path / "check.txt"))
+    assert code == 1 and (tmp_path / "check.txt").read_text().count("FAIL check") == 4
+
+
+def test_check_passes_and_fails_on_gates(report, capsys):
+    rep, out = report
+    code, stdout, _ = cli(capsys, "check", str(out))
+    assert code == 0 and "ok" in stdout
+    worst = max(r["overall"]["mean_kld"]["estimate"] for r in rep["results"])
+    code, _, _ = cli(capsys, "check", str(out), "--max-mean-kld", f"{worst * 1.0001}")
+    assert code == 0
+    code, _, err = cli(capsys, "check", str(out), "--max-mean-kld", f"{worst * 0.9999}")
+    assert code == 1 and err.count("FAIL gate mean_kld_max") == 1
+
+
+def test_config_gates_settings_and_provenance(demo, tmp_path, capsys):
+    root, dirs = demo
+    cfg = tmp_path / "c.yaml"
+    text = (
+        "run: unit\nmodel: {path: m, id: fideval/demo-moe, revision: '" + "0" * 40 + "'}\n"
+        "domains:\n"
+        + "".join(
+            f"  - {{name: {d}, source: {{type: local, path: x.jsonl, text_field: t}}}}\n" for d in DOMAINS
+        )
+        + "candidates:\n  - {name: q4, quant: {routed_experts: {format: mxfp4}}}\n"
+        "report: {resamples: 200, seed: 5, gates: {top1_min: 0.9999}}\n"
+    )
+    cfg.write_text(text)
+    out = tmp_path / "o"
+    code, _, err = cli(
+        capsys, "report", *records_args(dirs[:2]), "--config", str(cfg), "--out", str(out), "--no-plots"
+    )
+    assert code == 0, err
+    rep = json.loads((out / "report.json").read_text())
+    assert rep["settings"]["resamples"] == 200 and rep["settings"]["seed"] == 5
+    assert rep["provenance"]["reference"] == {"model_id": "fideval/demo-moe", "model_revision": "0" * 40}
+    assert len(rep["provenance"]["config_hash"]) == 64
+    assert rep["provenance"]["candidates"]["q4"]["quant"] == {"routed_experts": {"format": "mxfp4"}}
+    code, _, err = cli(capsys, "check", str(out))
+    assert code == 1 and err.count("gate top1_min failed") == 2
+    cfg.write_text(text.replace("fideval/demo-moe", "org/other"))
+    code, _, err = cli(
+        capsys, "report", *records_args(dirs[:2]), "--config", str(cfg), "--out", str(out), "--no-plots"
+    )
+    assert code == 2 and "holds model_id fideval/demo-moe, the reference's is org/other" in err
+
+
+def test_bad_inputs_are_one_line(demo, tmp_path, capsys):
+    _, dirs = demo
+    df = _frame(dirs, 0)
+    bad = df.with_columns(
+        pl.when(pl.col("position") == 7).then(float("nan")).otherwise(pl.col("kld")).alias("kld")
+    )
+    d = syn.write_records(tmp_path / "nan", bad, "q4", "serving", 256)
+    code, _, err = cli(capsys, "report", "--records", str(d), "--out", str(tmp_path / "o"))
+    assert code == 2 and err.count("\n") == 1
+    assert "nan/records.parquet: column 'kld' has 12 NaN/infinite values" in err
+
+    d = syn.write_records(tmp_path / "miss", df.drop("p1_ref"), "q4", "serving", 256)
+    code, _, err = cli(capsys, "report", "--records", str(d), "--out", str(tmp_path / "o"))
+    assert code == 2 and "missing column 'p1_ref'" in err and err.count("\n") == 1
+
+    d = syn.write_records(tmp_path / "ver", df, "q4", "serving", 256)
+    sc = json.loads((d / "score.json").read_text())
+    (d / "score.json").write_text(json.dumps(sc | {"version": 2}))
+    code, _, err = cli(capsys, "report", "--records", str(d), "--out", str(tmp_path / "o"))
+    assert code == 2 and "score format version 2" in err
+
+    code, _, err = cli(
+        capsys, "report", "--records", dirs[0], "--records", dirs[0], "--out", str(tmp_path / "o")
+    )
+    assert code == 2 and "sequence code-000 of q4/serving/256 is in both" in err
+
+
+@pytest.mark.parametrize("version,word", [(0, "an older"), (2, "a newer")])
+def test_card_and_check_refuse_other_versions(report, tmp_path, capsys, version, word):
+    rep, _ = report
+    p = tmp_path / "report.json"
+    p.write_text(json.dumps(rep | {"version": version}))
+    for verb in (["check", str(p)], ["card", str(p), "--out", str(tmp_path / "README.md")]):
+        code, _, err = cli(capsys, *verb)
+        assert code == 2 and err.count("\n") == 1
+        assert f"report format version {version} ({word} fideval); this fideval reads version 1" in err
+
+
+def test_reads_the_scorers_writer_and_splits_lengths(tmp_path):
+    """Records written by the score stage's own RecordsWriter, one folder over two lengths (length: null)."""
+    from fideval.config import ReportConfig
+    from fideval.report.build import build
+    from fideval.score.metrics import FIGURES, FLAGS
+    from fideval.score.records import RecordsWriter
+
+    rng = np.random.default_rng(0)
+    kld_sum = {}
+    with RecordsWriter(tmp_path) as w:
+        for length in (64, 256):
+            for k in range(6):
+                figs = np.abs(rng.normal(size=(length - 1, len(FIGURES)))) * 0.01
+                figs[:, FIGURES.index("p1_ref")] = rng.uniform(0.1, 1, length - 1)
+                flags = rng.random((length - 1, len(FLAGS))) < 0.5
+                kld_sum[length] = kld_sum.get(length, 0.0) + figs[:, FIGURES.index("kld")].sum()
+                w.add_shard(
+                    candidate="c",
+                    path="weights-only",
+                    length=length,
+                    seq_id=f"code-{k:03d}",
+                    window_id=f"code-{k:03d}",
+                    domain="code",
+                    positions=np.arange(length - 1),
+                    tokens=np.arange(length - 1),
+                    figs=figs,
+                    flags=flags,
+                )
+    (tmp_path / "score.json").write_text(
+        json.dumps(
+            {
+                "format": "fideval.score",
+                "version": 1,
+                "candidate": "c",
+                "path": "weights-only",
+                "length": None,
+                "rows": 6 * (63 + 255),
+            }
+        )
+    )
+    rep = build([str(tmp_path)], settings=ReportConfig(resamples=200)).report
+    assert [(r["length"], r["rows"]) for r in rep["results"]] == [(64, 6 * 63), (256, 6 * 255)]
+    for r in rep["results"]:
+        assert r["overall"]["mean_kld"]["estimate"] == pytest.approx(
+            kld_sum[r["length"]] / r["rows"], rel=1e-12
+        )
+        assert "few_clusters" in r["overall"]["mean_kld"]["flags"]
+    assert rep["comparisons"]["lengths"][0]["numerator"] == 64
+
+
+def test_per_domain_folders_merge_into_the_same_figures(demo, tmp_path):
+    """The workflow scores each domain into its own folder: the merged report equals the one-folder one."""
+    from fideval.config import ReportConfig
+    from fideval.report.build import build
+
+    _, dirs = demo
+    df = _frame(dirs, 0)
+    split = [
+        str(syn.write_records(tmp_path / d, df.filter(pl.col("domain") == d), "q4", "serving", 256))
+        for d in DOMAINS
+    ]
+    rc = ReportConfig(resamples=500, seed=2)
+    one = build(dirs[:1], settings=rc).report["results"][0]
+    many = build(split, settings=rc).report["results"][0]
+    assert len(many["inputs"]) == 3 and many["rows"] == one["rows"]
+    for k in ("overall", "domains", "positions"):
+        assert many[k] == one[k]
+
+
+def test_truncated_report_is_one_line(report, tmp_path, capsys):
+    rep, _ = report
+    p = tmp_path / "report.json"
+    p.write_text(json.dumps(rep | {"settings": {k: v for k, v in rep["settings"].items() if k != "domains"}}))
+    code, _, err = cli(capsys, "card", str(p), "--out", str(tmp_path / "R.md"), "--candidate", "q4")
+    assert code == 2 and "missing key 'settings.domains'" in err and err.count("\n") == 1
+    p.write_text("{not json")
+    code, _, err = cli(capsys, "check", str(p))
+    assert code == 2 and "is not readable JSON" in err

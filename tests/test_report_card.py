@@ -1,0 +1,126 @@
+"""`fideval card`: front matter parsed back by huggingface_hub's ModelCard, byte-identical regeneration,
+user templates, and the tables' numbers against report.json."""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+
+import pytest
+import yaml
+
+from fideval.report import synthetic as syn
+
+
+def cli(capsys, *args: str) -> tuple[int, str, str]:
+    from fideval import cli as cli_mod
+
+    old = sys.argv
+    sys.argv = ["fideval", *args]
+    try:
+        cli_mod.main()
+        code = 0
+    except SystemExit as e:
+        code = int(e.code or 0)
+    finally:
+        sys.argv = old
+    out = capsys.readouterr()
+    return code, out.out, out.err
+
+
+@pytest.fixture(scope="module")
+def report_dir(tmp_path_factory):
+    root = tmp_path_factory.mktemp("card")
+    windows = syn.window_ids(["code", "chat"], 5)
+    args = []
+    for cand, path, eff in (("q4", "serving", 1.2), ("q4", "weights-only", 1.0), ("q8", "serving", 0.4)):
+        df = syn.records_frame(cand, path, 128, 128, windows, effect=eff)
+        args += ["--records", str(syn.write_records(root / f"{cand}-{path}", df, cand, path, 128))]
+    syn.write_eval_windows(root, windows, 128)
+    from fideval.cli import app
+    from typer.testing import CliRunner
+
+    res = CliRunner().invoke(
+        app, ["report", *args, "--windows", str(root), "--out", str(root / "report"), "--resamples", "400"]
+    )
+    assert res.exit_code == 0, res.output
+    return root / "report"
+
+
+def test_card_parses_with_modelcard_and_matches_report(report_dir, tmp_path, capsys):
+    from huggingface_hub import ModelCard
+
+    out = tmp_path / "site" / "README.md"
+    code, _, err = cli(
+        capsys, "card", str(report_dir / "report.json"), "--out", str(out), "--candidate", "q4"
+    )
+    assert code == 0, err
+    text = out.read_text()
+    assert "!!python" not in text and "nan" not in text.split("---")[1].lower()
+    rep = json.loads((report_dir / "report.json").read_text())
+    card = ModelCard(text)
+    assert card.data.base_model == "fideval/demo-moe"
+    assert "fideval" in card.data.tags
+    results = card.data.eval_results
+    mine = [r for r in rep["results"] if r["candidate"] == "q4"]
+    assert len(results) == len(mine) * 6  # mean KLD, 4 quantiles, top-1 per (path, length)
+    for r in mine:
+        got = {e.metric_type: e for e in results if e.dataset_args["path"] == r["path"]}
+        assert got["mean_kld"].metric_value == r["overall"]["mean_kld"]["estimate"]
+        assert got["mean_kld"].metric_args["ci_low"] == r["overall"]["mean_kld"]["ci"][0]
+        assert got["kld_p99.9"].metric_value == r["overall"]["kld_quantiles"][3]["estimate"]
+        assert got["top1_agreement"].metric_value == r["overall"]["top1"]["estimate"]
+        assert got["mean_kld"].dataset_revision == rep["provenance"]["dataset"]["windows_file_sha256"]
+    fm = yaml.safe_load(text.split("---\n")[1])
+    xf = fm["x_fidelity"]
+    assert xf["reference"] == {"model": "fideval/demo-moe", "revision": "0" * 40}
+    assert xf["role"] == "quantized-candidate" and xf["spec_version"] == 1
+    assert xf["measured_by"]["report_sha256"] and xf["scope"]["paths"] == ["serving", "weights-only"]
+    # tables: headline, per-domain, comparison against q8; plots linked relative to the card
+    m = mine[0]["overall"]["mean_kld"]
+    assert f"| serving | 128 | {m['estimate']:.4g} [{m['ci'][0]:.4g}, {m['ci'][1]:.4g}] |" in text
+    ratio = next(c for c in rep["comparisons"]["builds"] if c["numerator"] == "q4" and c["path"] == "serving")
+    assert f"| q8 | serving | 128 | {ratio['estimate']:.4g} [" in text
+    assert "| mean KLD serving - weights-only | 128 tokens |" in text
+    for p in (p for p in rep["plots"] if p["candidate"] == "q4"):
+        href = os.path.relpath(report_dir / p["file"], out.parent)
+        assert f"]({href})" in text and (out.parent / href).resolve() == (report_dir / p["file"]).resolve()
+        assert (out.parent / href).exists()
+
+
+def test_card_is_byte_identical(report_dir, tmp_path, capsys):
+    outs = []
+    for k in range(2):
+        out = tmp_path / f"R{k}.md"
+        assert cli(capsys, "card", str(report_dir), "--out", str(out), "--candidate", "q8")[0] == 0
+        outs.append(out.read_bytes())
+    assert outs[0] == outs[1]
+
+
+def test_user_template_replaces_body(report_dir, tmp_path, capsys):
+    t = tmp_path / "body.md.j2"
+    t.write_text("# {{ card.candidate }}\n\nmean KLD {{ card.headline[0].mean }}\n")
+    out = tmp_path / "README.md"
+    code, _, err = cli(
+        capsys, "card", str(report_dir), "--out", str(out), "--candidate", "q8", "--template", str(t)
+    )
+    assert code == 0, err
+    text = out.read_text()
+    fm, body = text.split("---\n")[1], text.split("---\n", 2)[2]
+    assert "model-index" in fm
+    rep = json.loads((report_dir / "report.json").read_text())
+    m = next(r for r in rep["results"] if r["candidate"] == "q8")["overall"]["mean_kld"]
+    assert body == f"\n# q8\n\nmean KLD {m['estimate']:.4g} [{m['ci'][0]:.4g}, {m['ci'][1]:.4g}]\n"
+    t.write_text("{{ card.no_such_field }}\n")
+    code, _, err = cli(
+        capsys, "card", str(report_dir), "--out", str(out), "--candidate", "q8", "--template", str(t)
+    )
+    assert code == 2 and err.count("\n") == 1 and "no_such_field" in err
+
+
+def test_card_needs_candidate_when_several(report_dir, tmp_path, capsys):
+    code, _, err = cli(capsys, "card", str(report_dir), "--out", str(tmp_path / "R.md"))
+    assert code == 2 and "holds 2 candidates (q4, q8)" in err and "--candidate" in err
+    code, _, err = cli(capsys, "card", str(report_dir), "--out", str(tmp_path / "R.md"), "--candidate", "q2")
+    assert code == 2 and "'q2' is not in the report" in err
