@@ -1,0 +1,311 @@
+"""Per-architecture knowledge: which transformers modules to build, how on-disk keys map to them, and
+which parameters are routed experts, shared experts, attention, dense MLP or the lm head.
+
+The decoder layers are transformers' own modules (the reference implementation), built on the meta
+device one at a time and filled with ``load_state_dict(assign=True)``. What an adapter adds is only
+what the full model's ``forward`` and ``from_pretrained`` would otherwise do for us:
+
+* the on-disk layout. transformers 5 fuses routed experts into 3-D parameters (``mlp.experts.gate_up_proj``
+  [E, 2I, H] = per expert ``cat(gate_proj, up_proj)``, ``mlp.experts.down_proj`` [E, H, I]) and converts
+  the per-expert layout on load; its ``save_pretrained`` writes the per-expert layout back
+  (``mlp.experts.<e>.gate_proj.weight``, as on the Hub for DeepSeek-V3 and Qwen3-MoE; Mixtral's Hub
+  layout is ``block_sparse_moe.experts.<e>.w1/w3/w2``). gpt-oss is stored fused. We accept all three.
+* the model-level forward: position ids ``arange(L)``, one rotary module for all layers, the causal (or
+  sliding-window, per ``config.layer_types``) mask from transformers' own mask utilities.
+* a model-parallel rank keeps only experts [r*E/N, (r+1)*E/N) and passes the others to transformers'
+  own expert-parallel sentinel (index == num_local_experts), which both its eager and grouped_mm
+  expert paths skip.
+"""
+
+from __future__ import annotations
+
+import importlib
+import inspect
+import re
+import types
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import torch
+
+from fideval.errors import FidevalError
+from fideval.model.checkpoint import Checkpoint
+
+MODULE_CLASSES = ("routed_experts", "shared_experts", "attention", "dense_mlp", "lm_head")
+
+# architectures[0] -> (transformers model package, class-name prefix, sliding window applies to all layers when set)
+ARCHS: dict[str, tuple[str, str, bool]] = {
+    "LlamaForCausalLM": ("llama", "Llama", False),
+    "Qwen2ForCausalLM": ("qwen2", "Qwen2", False),
+    "Qwen3ForCausalLM": ("qwen3", "Qwen3", False),
+    "MixtralForCausalLM": ("mixtral", "Mixtral", True),
+    "Qwen3MoeForCausalLM": ("qwen3_moe", "Qwen3Moe", True),
+    "DeepseekV3ForCausalLM": ("deepseek_v3", "DeepseekV3", False),
+    "GptOssForCausalLM": ("gpt_oss", "GptOss", False),
+}
+
+_PER_EXPERT = {  # fused target -> on-disk per-expert names (HF layout, then Mixtral's)
+    "gate_up_proj": (("gate_proj", "up_proj"), ("w1", "w3")),
+    "down_proj": (("down_proj",), ("w2",)),
+}
+
+
+def classify(name: str) -> str | None:
+    """Module class of a parameter (layer-relative or full key), or None for norms, biases, routers, embeddings.
+
+    Only weight matrices are quantizable: routers, norms, biases and attention sinks stay in full precision.
+    """
+    if name.endswith("lm_head.weight"):
+        return "lm_head"
+    if re.search(r"mlp\.experts\.(gate_up_proj|down_proj|up_proj)$", name):
+        return "routed_experts"
+    if re.search(r"mlp\.shared_experts?\.(gate|up|down)_proj\.weight$", name):
+        return "shared_experts"
+    if re.search(r"mlp\.(gate|up|down)_proj\.weight$", name):
+        return "dense_mlp"
+    if re.search(r"self_attn\.\w*(proj|proj_with_mqa)\.weight$", name):
+        return "attention"
+    return None
+
+
+def expert_range(rank: int, world: int, n_experts: int) -> tuple[int, int]:
+    """DeepSeek's reference partition: rank r owns experts [r*E/N, (r+1)*E/N)."""
+    if n_experts % world:
+        raise FidevalError(f"model parallel N={world} does not divide the {n_experts} routed experts",
+                           hint=f"choose N among the divisors of {n_experts}")
+    per = n_experts // world
+    return rank * per, (rank + 1) * per
+
+
+@dataclass
+class Adapter:
+    ckpt: Checkpoint
+    arch: str
+    config: object
+    modeling: types.ModuleType
+    prefix: str
+    sliding_if_set: bool
+    keep_fp32: tuple[str, ...]
+
+    # -- construction ------------------------------------------------------------------------------
+    @classmethod
+    def load(cls, ckpt: Checkpoint, attn_implementation: str | None = None) -> Adapter:
+        cfg = ckpt.config_dict
+        archs = cfg.get("architectures") or []
+        arch = archs[0] if archs else None
+        if arch not in ARCHS:
+            raise FidevalError(f"{ckpt.dir / 'config.json'}: architecture {arch!r} is not supported",
+                               hint="supported: " + ", ".join(sorted(ARCHS)))
+        if cfg.get("quantization_config"):
+            raise FidevalError(f"{ckpt.dir / 'config.json'}: the teacher must be an unquantized checkpoint "
+                               f"(found quantization_config {cfg['quantization_config'].get('quant_method', '?')!r})",
+                               hint="convert it to bf16/fp32 safetensors first")
+        from transformers import AutoConfig
+
+        package, prefix, sliding = ARCHS[arch]
+        try:
+            config = AutoConfig.from_pretrained(str(ckpt.dir))
+        except Exception as e:  # transformers raises many types for a bad config
+            raise FidevalError(f"{ckpt.dir / 'config.json'}: transformers cannot build the config ({type(e).__name__}: {str(e)[:120]})",
+                               hint="check config.json") from None
+        modeling = importlib.import_module(f"transformers.models.{package}.modeling_{package}")
+        model_cls = getattr(modeling, arch)
+        if attn_implementation is None:
+            attn_implementation = "sdpa" if getattr(model_cls, "_supports_sdpa", False) else "eager"
+        config._attn_implementation = attn_implementation
+        if getattr(config, "_experts_implementation", None) in (None, "eager"):
+            config._experts_implementation = "grouped_mm"
+        keep = tuple(getattr(model_cls, "_keep_in_fp32_modules", None) or ()) + \
+            tuple(getattr(model_cls, "_keep_in_fp32_modules_strict", None) or ())
+        return cls(ckpt, arch, config, modeling, prefix, sliding, keep)
+
+    def cls(self, suffix: str):
+        return getattr(self.modeling, self.prefix + suffix)
+
+    @property
+    def n_layers(self) -> int:
+        return int(self.config.num_hidden_layers)
+
+    @property
+    def vocab_size(self) -> int:
+        return int(self.config.vocab_size)
+
+    def meta_layer(self, i: int, dtype: torch.dtype) -> torch.nn.Module:
+        old = torch.get_default_dtype()
+        torch.set_default_dtype(dtype if dtype.is_floating_point else old)
+        try:
+            with torch.device("meta"):
+                return self.cls("DecoderLayer")(self.config, i)
+        finally:
+            torch.set_default_dtype(old)
+
+    def rotary(self, device) -> torch.nn.Module:
+        return self.cls("RotaryEmbedding")(config=self.config).to(device)
+
+    def final_norm(self, weight: torch.Tensor) -> torch.nn.Module:
+        eps = getattr(self.config, "rms_norm_eps", 1e-6)
+        with torch.device("meta"):
+            norm = self.cls("RMSNorm")(self.config.hidden_size, eps=eps)
+        norm.load_state_dict({"weight": weight}, assign=True)
+        return norm
+
+    def n_routed_experts(self, layer: torch.nn.Module) -> int:
+        experts = getattr(getattr(layer, "mlp", None), "experts", None)
+        return int(experts.num_experts) if experts is not None else 0
+
+    def masks(self, hidden: torch.Tensor, position_ids: torch.Tensor) -> dict[str, object]:
+        """The masks the model's own forward builds, by layer type (None = sdpa's is_causal path)."""
+        from transformers import masking_utils as mu
+
+        params = inspect.signature(mu.create_causal_mask).parameters
+        kw = {"config": self.config, "inputs_embeds": hidden, "attention_mask": None, "position_ids": position_ids}
+        kw["cache" if "cache" in params else "past_key_values"] = None
+        out = {"full_attention": mu.create_causal_mask(**kw)}
+        if getattr(self.config, "sliding_window", None) is not None:
+            out["sliding_attention"] = mu.create_sliding_window_causal_mask(**kw)
+        return out
+
+    def layer_type(self, i: int) -> str:
+        types_ = getattr(self.config, "layer_types", None)
+        if types_:
+            return types_[i]
+        if self.sliding_if_set and getattr(self.config, "sliding_window", None) is not None:
+            return "sliding_attention"
+        return "full_attention"
+
+    # -- tensors -----------------------------------------------------------------------------------
+    def top_keys(self) -> dict[str, str]:
+        """On-disk keys of the embedding, final norm and lm head (tied embeddings fall back to the embedding)."""
+        head = "lm_head.weight" if "lm_head.weight" in self.ckpt else "model.embed_tokens.weight"
+        return {"embed": "model.embed_tokens.weight", "norm": "model.norm.weight", "lm_head": head}
+
+    def _disk_key(self, i: int, name: str) -> str:
+        key = f"model.layers.{i}.{name}"
+        if key not in self.ckpt and name.startswith("mlp."):
+            alt = f"model.layers.{i}.block_sparse_moe.{name[4:]}"  # Mixtral's Hub layout
+            if alt in self.ckpt:
+                return alt
+        return key
+
+    def read_layer(self, i: int, layer: torch.nn.Module, experts: tuple[int, int] | None, pin: bool,
+                   device: torch.device | str = "cpu", side_stream=None) -> dict[str, torch.Tensor]:
+        """Read layer ``i``'s tensors (only experts [lo, hi) when given) in the module's own key layout.
+
+        Bytes land in pinned memory (when ``pin``), are copied to ``device`` (on ``side_stream``), and
+        per-expert tensors are read straight into transformers' fused layout on the host.
+        """
+        expected = dict(layer.state_dict(keep_vars=True))
+        out: dict[str, torch.Tensor] = {}
+
+        def to_dev(t: torch.Tensor) -> torch.Tensor:
+            if torch.device(device).type == "cpu":
+                return t
+            with torch.cuda.stream(side_stream) if side_stream is not None else _null():
+                return t.to(device, non_blocking=True)
+
+        n_exp = self.n_routed_experts(layer)
+        for name in expected:
+            m = re.fullmatch(r"mlp\.experts\.(gate_up_proj|down_proj)(_bias)?", name)
+            key = self._disk_key(i, name)
+            if m and n_exp:
+                lo, hi = experts if experts is not None else (0, n_exp)
+                if key in self.ckpt:
+                    info = self.ckpt.info(key)
+                    if not info.shape or info.shape[0] != n_exp:
+                        raise FidevalError(f"{self.ckpt.dir}: tensor {key!r} has shape {list(info.shape)}, "
+                                           f"expected {n_exp} experts along dim 0", hint="the checkpoint does not match config.json")
+                    out[name] = to_dev(self.ckpt.read(key, rows=(lo, hi), pin=pin))
+                    continue
+                if m.group(2):
+                    raise FidevalError(f"{self.ckpt.dir}: tensor {key!r} is missing from the checkpoint", hint="re-download it")
+                out[name] = to_dev(self._stack_experts(i, m.group(1), lo, hi, pin))
+                continue
+            if key not in self.ckpt and not expected[name].is_floating_point():
+                continue
+            out[name] = to_dev(self.ckpt.read(key, pin=pin))
+        return out
+
+    def _stack_experts(self, i: int, fused: str, lo: int, hi: int, pin: bool) -> torch.Tensor:
+        """Read per-expert tensors straight into one fused [hi-lo, rows, cols] buffer (no second copy)."""
+        for parts in _PER_EXPERT[fused]:
+            keys = [[self._disk_key(i, f"mlp.experts.{e}.{p}.weight") for p in parts] for e in range(lo, hi)]
+            if keys and keys[0][0] in self.ckpt:
+                break
+        else:
+            raise FidevalError(f"{self.ckpt.dir}: layer {i} has neither fused 'mlp.experts.{fused}' nor per-expert "
+                               f"'mlp.experts.<e>.{_PER_EXPERT[fused][0][0]}.weight' tensors", hint="the checkpoint does not match config.json")
+        first = [self.ckpt.info(k) for k in keys[0]]
+        if any(len(f.shape) != 2 or f.shape[1:] != first[0].shape[1:] or f.dtype != first[0].dtype for f in first):
+            raise FidevalError(f"{self.ckpt.dir}: layer {i} expert tensors {keys[0]} have mismatched shapes or dtypes",
+                               hint="the checkpoint is corrupt or does not match config.json")
+        rows = sum(f.shape[0] for f in first)
+        buf = torch.empty((hi - lo, rows, first[0].shape[1]), dtype=first[0].dtype, pin_memory=pin and torch.cuda.is_available())
+        jobs = []
+        for j, ks in enumerate(keys):
+            off = 0
+            for k, f in zip(ks, first):
+                info = self.ckpt.info(k)
+                if info.shape != f.shape or info.dtype != f.dtype:
+                    raise FidevalError(f"{self.ckpt.dir}: tensor {k!r} has shape {list(info.shape)} ({info.dtype}), "
+                                       f"expert {lo} has {list(f.shape)} ({f.dtype})", hint="the checkpoint is corrupt or does not match config.json")
+                jobs.append((k, buf[j, off:off + f.shape[0]]))
+                off += f.shape[0]
+        from fideval.model.checkpoint import _pool
+
+        for fut in [_pool().submit(self.ckpt.read, k, out=dst) for k, dst in jobs]:
+            fut.result()  # re-raises a FidevalError from any read
+        return buf
+
+    def materialize(self, i: int, layer: torch.nn.Module, tensors: dict[str, torch.Tensor], dtype: torch.dtype,
+                    experts: tuple[int, int] | None,
+                    weight_transform: Callable | None) -> torch.nn.Module:
+        """Check shapes, cast, apply ``weight_transform`` once, and fill the meta layer (assign=True)."""
+        n_exp = self.n_routed_experts(layer)
+        if n_exp and experts is not None and experts != (0, n_exp):
+            self._shrink_experts(layer.mlp.experts, *experts)
+        expected = dict(layer.state_dict(keep_vars=True))
+        missing = [k for k in expected if k not in tensors and expected[k].is_floating_point()]
+        if missing:
+            raise FidevalError(f"{self.ckpt.dir}: tensor 'model.layers.{i}.{missing[0]}' is missing from the checkpoint",
+                               hint="the checkpoint is incomplete or does not match config.json")
+        for name, t in tensors.items():
+            want = expected[name]
+            if tuple(t.shape) != tuple(want.shape):
+                raise FidevalError(f"{self.ckpt.dir}: tensor 'model.layers.{i}.{name}' has shape {list(t.shape)}, "
+                                   f"config.json implies {list(want.shape)}", hint="the checkpoint does not match config.json")
+            target = torch.float32 if any(k in name for k in self.keep_fp32) else dtype
+            if t.is_floating_point() and t.dtype != target:
+                t = t.to(target)
+            cls_ = classify(name)
+            if weight_transform is not None and cls_ is not None:
+                t = self.transform(weight_transform, cls_, f"model.layers.{i}.{name}", t, layer)
+            tensors[name] = t
+        layer.load_state_dict(tensors, strict=True, assign=True)
+        return layer.eval()
+
+    def transform(self, fn: Callable, cls_: str, name: str, t: torch.Tensor, layer=None) -> torch.Tensor:
+        """``fn`` always sees weights as [..., out, in] (input dim last, the dim quantization blocks run along)."""
+        transposed = bool(cls_ == "routed_experts" and layer is not None and getattr(layer.mlp.experts, "is_transposed", False))
+        x = t.transpose(-1, -2) if transposed else t
+        y = fn(cls_, name, x)
+        if tuple(y.shape) != tuple(x.shape):
+            raise ValueError(f"weight_transform changed the shape of {name}")
+        y = y.to(t.dtype)
+        return (y.transpose(-1, -2) if transposed else y).contiguous()
+
+    @staticmethod
+    def _shrink_experts(experts: torch.nn.Module, lo: int, hi: int) -> None:
+        for pname, p in list(experts.named_parameters(recurse=False)):
+            if p.shape and p.shape[0] == experts.num_experts:
+                setattr(experts, pname, torch.nn.Parameter(torch.empty((hi - lo, *p.shape[1:]), dtype=p.dtype, device="meta"),
+                                                           requires_grad=False))
+        experts.num_experts = hi - lo
+        experts._is_expert_parallel = True
+
+
+class _null:
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *a):
+        return False
