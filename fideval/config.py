@@ -251,7 +251,8 @@ def _format_error(err: dict[str, Any]) -> str:
 
 def parse_config(data: Any, *, origin: str = "config") -> Config:
     if not isinstance(data, dict):
-        raise FidevalError(f"{origin}: the config must be a mapping of keys to values")
+        raise FidevalError(f"{origin}: the config must be a mapping of keys to values",
+                           hint="write 'key: value' lines at the top level; see docs/config.md")
     try:
         return Config.model_validate(data)
     except ValidationError as e:
@@ -266,9 +267,11 @@ def load_config(path: str | Path) -> Config:
     try:
         text = path.read_text(encoding="utf-8")
     except FileNotFoundError:
-        raise FidevalError(f"config file {path} not found") from None
+        raise FidevalError(f"config file {path} not found", hint="check the path") from None
+    except UnicodeDecodeError as e:
+        raise FidevalError(f"{path}: byte {e.start} is not UTF-8 text", hint="save the config as UTF-8 YAML") from None
     except OSError as e:
-        raise FidevalError(f"cannot read config {path}: {e.strerror}") from None
+        raise FidevalError(f"cannot read config {path}: {e.strerror}", hint="give a readable YAML file") from None
     try:
         data = yaml.safe_load(text)
     except yaml.YAMLError as e:

@@ -29,6 +29,19 @@ def _file_mode() -> int:
 
 
 _MODE = _file_mode()
+_FULL = (errno.ENOSPC, errno.EDQUOT, errno.EFBIG)
+_REFUSED = (errno.EROFS, errno.EACCES, errno.EPERM, errno.EIO, errno.ENOTDIR, errno.EISDIR)
+
+
+def _write_error(path: Path, e: BaseException) -> BaseException:
+    """A one-line error for what the disk said while writing ``path``; other exceptions pass unchanged."""
+    if isinstance(e, OSError) and not isinstance(e, FidevalError):
+        if e.errno in _FULL:
+            return FidevalError(f"disk full while writing {path}", hint="free space and run again; nothing partial was kept")
+        if e.errno in _REFUSED:
+            return FidevalError(f"cannot write {path}: {os.strerror(e.errno)}",
+                                hint="check permissions or choose another output folder; nothing partial was kept")
+    return e
 
 
 @contextlib.contextmanager
@@ -56,8 +69,9 @@ def atomic_open(path: str | os.PathLike, mode: str = "wb") -> Iterator[BinaryIO]
     except BaseException as e:
         with contextlib.suppress(FileNotFoundError):
             os.unlink(tmp)
-        if isinstance(e, OSError) and e.errno == errno.ENOSPC:
-            raise FidevalError(f"disk full while writing {path}", hint="free space and run again; nothing partial was kept") from None
+        err = _write_error(path, e)
+        if err is not e:
+            raise err from None
         raise
 
 
@@ -65,7 +79,10 @@ def atomic_open(path: str | os.PathLike, mode: str = "wb") -> Iterator[BinaryIO]
 def atomic_path(path: str | os.PathLike) -> Iterator[Path]:
     """Yield a temp path beside ``path`` for libraries that write by file name; rename it on success."""
     path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+    except OSError as e:
+        raise FidevalError(f"cannot create folder {path.parent}: {e.strerror}", hint="check the path and its permissions") from None
     tmp = path.parent / f".{path.name}.{os.getpid()}.tmp"
     try:
         yield tmp
@@ -76,9 +93,26 @@ def atomic_path(path: str | os.PathLike) -> Iterator[Path]:
     except BaseException as e:
         with contextlib.suppress(FileNotFoundError):
             os.unlink(tmp)
-        if isinstance(e, OSError) and e.errno == errno.ENOSPC:
-            raise FidevalError(f"disk full while writing {path}", hint="free space and run again; nothing partial was kept") from None
+        err = _write_error(path, e)
+        if err is not e:
+            raise err from None
         raise
+
+
+def remove_temps(folder: str | os.PathLike) -> list[Path]:
+    """Delete the temp files (``.*.tmp``) a killed writer left under ``folder``; return what was removed.
+
+    Only safe while holding the folder's :func:`fideval.lock.output_lock`: then no live writer owns them.
+    """
+    removed = []
+    root = Path(folder)
+    if root.is_dir():
+        for p in root.rglob(".*.tmp"):
+            if p.is_file() and not p.is_symlink():
+                with contextlib.suppress(OSError):
+                    p.unlink()
+                    removed.append(p)
+    return removed
 
 
 def write_bytes(path: str | os.PathLike, data: bytes) -> None:

@@ -21,6 +21,7 @@ FLOAT_DTYPES = {"F64", "F32", "BF16", "F16"}
 def read_safetensors_shapes(model_dir: Path) -> dict[str, tuple[tuple[int, ...], str]]:
     """{tensor name: (shape, dtype)} from the headers of every ``*.safetensors`` file in ``model_dir``."""
     import json
+    import math
     import struct
 
     if not model_dir.is_dir():
@@ -29,18 +30,34 @@ def read_safetensors_shapes(model_dir: Path) -> dict[str, tuple[tuple[int, ...],
     if not files:
         raise FidevalError(f"--model {model_dir}: no *.safetensors files", hint="give a Hugging Face checkpoint folder")
     out: dict[str, tuple[tuple[int, ...], str]] = {}
+    fix = "the file is truncated or not safetensors; re-download the checkpoint"
     for f in files:
         try:
+            size = f.stat().st_size
             with open(f, "rb") as fh:
                 (n,) = struct.unpack("<Q", fh.read(8))
-                if n > 100_000_000:
-                    raise ValueError("header too large")
+                if n > 100_000_000 or 8 + n > size:  # bounded before reading: a hostile length allocates nothing
+                    raise ValueError(f"header length {n} is impossible for a {size}-byte file")
                 header = json.loads(fh.read(n))
         except (OSError, ValueError, struct.error) as e:
-            raise FidevalError(f"{f}: not a readable safetensors file ({e})") from None
+            raise FidevalError(f"{f}: not a readable safetensors file ({str(e)[:120]})", hint=fix) from None
+        if not isinstance(header, dict):
+            raise FidevalError(f"{f}: safetensors header is not a JSON object", hint=fix)
+        data_bytes = size - 8 - n
         for name, info in header.items():
-            if name != "__metadata__":
-                out[name] = (tuple(int(d) for d in info["shape"]), str(info["dtype"]))
+            if name == "__metadata__":
+                continue
+            try:  # the shape must match the byte range, and the range must lie inside the file
+                shape, dtype = tuple(int(d) for d in info["shape"]), str(info["dtype"])
+                a, b = (int(o) for o in info["data_offsets"])
+                ok = (dtype in DTYPE_BITS and all(d >= 0 for d in shape) and 0 <= a <= b <= data_bytes
+                      and b - a == math.prod(shape) * DTYPE_BITS[dtype] // 8)
+            except (KeyError, TypeError, ValueError):
+                ok = False
+            if not ok:
+                raise FidevalError(f"{f}: tensor {str(name)[:80]!r} has an impossible header entry: "
+                                   f"dtype, shape and byte range disagree or leave the file", hint=fix)
+            out[name] = (shape, dtype)
     return out
 
 

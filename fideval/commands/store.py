@@ -19,7 +19,8 @@ def register(app: typer.Typer) -> None:
         for line in problems:
             typer.echo(f"{store}: {line}", err=True)
         if problems:
-            typer.echo(f"{store}: {len(problems)} problem(s)", err=True)
+            typer.echo(f"{store}: {len(problems)} problem(s) (re-run the teacher for the shards named above, "
+                       "or re-download the store)", err=True)
             raise typer.Exit(1)
         typer.echo(f"{store}: ok ({totals['shards']} shards, {totals['rows']:,} rows, {totals['bytes'] / 1e9:.3f} GB)")
 
@@ -34,10 +35,18 @@ def register(app: typer.Typer) -> None:
         bos_id: int = typer.Option(None, "--bos-id", help="write this id at position 0 of each chunk, as llama.cpp evaluated it"),
     ) -> None:
         """Import a llama.cpp --kl-divergence-base file as a lossy teacher store of kind 'logprobs'."""
-        from fideval.store.llamacpp import LOSSY, import_llamacpp
+        from fideval.errors import FidevalError
+        from fideval.fsio import remove_temps
+        from fideval.lock import output_lock
+        from fideval.store.llamacpp import LOSSY, KldBase, import_llamacpp
 
+        KldBase(file)  # a bad file is refused before anything is created at --out
+        if out.exists() and not out.is_dir():
+            raise FidevalError(f"--out {out} exists and is not a folder", hint="choose a folder")
         typer.echo(f"fideval: warning: {file} is lossy: {LOSSY}", err=True)
-        s = import_llamacpp(file, out, model_id=model_id, model_revision=model_revision,
-                            tokenizer_sha256=tokenizer_sha256, domain=domain, bos_id=bos_id)
+        with output_lock(out, "import-llamacpp"):  # one writer per store folder
+            remove_temps(out)
+            s = import_llamacpp(file, out, model_id=model_id, model_revision=model_revision,
+                                tokenizer_sha256=tokenizer_sha256, domain=domain, bos_id=bos_id)
         typer.echo(f"{out}: {s['shards']} shards ({s['written']} written) from {s['chunks']} chunks of {s['n_ctx']} tokens, "
                    f"{s['rows_per_chunk']} rows each, vocab {s['n_vocab']}")

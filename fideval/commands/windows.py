@@ -19,6 +19,8 @@ def register(app: typer.Typer) -> None:
     ) -> None:
         """Sample, tokenize, screen and pack each domain's documents into windows, and cut them."""
         from fideval.config import load_config
+        from fideval.fsio import remove_temps
+        from fideval.lock import output_lock
         from fideval.windows.build import build
         from fideval.windows.records import write_outputs
 
@@ -27,8 +29,10 @@ def register(app: typer.Typer) -> None:
             cfg = cfg.model_copy(update={"windows": cfg.windows.model_copy(update={"seed": seed})})
         if out.exists() and not out.is_dir():
             raise FidevalError(f"--out {out} exists and is not a folder", hint="choose a folder")
-        built, meta = build(cfg)
-        rec = write_outputs(out, built, meta, cfg.windows.model_dump(mode="json"))
+        with output_lock(out, "windows"):  # a second run into the same --out is refused while this one runs
+            remove_temps(out)  # temp files of a killed run (we hold the lock: nobody else is writing them)
+            built, meta = build(cfg)
+            rec = write_outputs(out, built, meta, cfg.windows.model_dump(mode="json"))
         scr = rec["screen"]
         note = (f"screen: {sum(len(w['replacements']) for w in rec['windows'])} windows replaced, "
                 f"{sum(len(d['conversations_dropped']) for d in rec['domains'].values())} conversations dropped"

@@ -60,7 +60,7 @@ class _Quiet:
 
 
 def run_teacher(model_dir, windows_dir, out, *, kinds=KINDS, device="auto", dtype="float32", model_id=None,
-                model_revision=None, micro_batch: int = 1) -> dict:
+                model_revision=None, micro_batch: int = 1, domains: list[str] | None = None) -> dict:
     import torch
 
     from fideval.model.parallel import init_from_env
@@ -87,7 +87,9 @@ def run_teacher(model_dir, windows_dir, out, *, kinds=KINDS, device="auto", dtyp
                         "device": dev.type, "model_parallel": world, "micro_batch": micro_batch,
                         "lm_head": "float32"}}
     writer = StoreWriter(out, meta) if rank == 0 else None
-    seqs = [read_sequences(f) for f in folders]
+    seqs = [read_sequences(f).select_domains(domains) for f in folders]
+    if domains and not any(len(s.ids) for s in seqs):
+        raise FidevalError(f"{windows_dir}: no sequences of domain {', '.join(domains)}", hint="check --domain against the config's domains")
     for f, s in zip(folders, seqs):  # every length checked before the first forward pass
         if s.tokens.size and int(s.tokens.max()) >= runner.vocab_size:
             raise FidevalError(f"{f}: token id {int(s.tokens.max())} is outside the model's vocabulary of {runner.vocab_size}",
@@ -106,7 +108,12 @@ def run_teacher(model_dir, windows_dir, out, *, kinds=KINDS, device="auto", dtyp
             if all(sid in done for sid in s.ids):
                 continue
             row = {sid: k for k, sid in enumerate(s.ids)}
-            for sid, logits in runner.iter_logits(s, skip=done.__contains__):
+            # The folder's first sequence always runs (and is the canary), so a resumed store records the
+            # same canary as an uninterrupted one; it is not written again when already done.
+            first = s.ids[0]
+            for sid, logits in runner.iter_logits(s, skip=lambda x, first=first: x in done and x != first):
+                if sid in done:
+                    continue
                 if writer is not None:
                     k = row[sid]
                     writer.write(sid, logits, s.tokens[k], s.window_of(sid), s.domains[k])

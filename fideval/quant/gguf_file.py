@@ -44,17 +44,48 @@ def gguf_module_class_of(name: str) -> str | None:
     return None
 
 
+_FIX = "the file is truncated or not GGUF; re-download it"
+# Smallest possible encodings: a key/value pair (u64 key length, u32 type, one byte of value) and a
+# tensor info (u64 name length, u32 n_dims, u32 type, u64 offset).
+_MIN_KV, _MIN_TENSOR, _HEAD = 13, 24, 24
+
+
+def check_gguf_header(path: str | Path) -> None:
+    """Refuse a GGUF whose header cannot be true before gguf-py reads it: magic, version, and tensor/KV
+    counts that could not fit in the file (a hostile count of 10^12 must cost nothing)."""
+    try:
+        size = Path(path).stat().st_size
+        with open(path, "rb") as f:
+            head = f.read(_HEAD)
+    except FileNotFoundError:
+        raise FidevalError(f"GGUF file {path} not found", hint="check the path") from None
+    except OSError as e:
+        raise FidevalError(f"cannot read {path} ({e.strerror})", hint="check the path and its permissions") from None
+    if len(head) < _HEAD or head[:4] != b"GGUF":
+        raise FidevalError(f"{path}: not a readable GGUF file (no 'GGUF' magic)", hint="give a .gguf file written by llama.cpp")
+    order = "little" if int.from_bytes(head[4:8], "little") in (2, 3) else "big"
+    version = int.from_bytes(head[4:8], order)
+    if version not in (2, 3):
+        raise FidevalError(f"{path}: GGUF version {int.from_bytes(head[4:8], 'little')} is not supported (2 or 3)",
+                           hint="convert it with a current llama.cpp")
+    n_tensors, n_kv = int.from_bytes(head[8:16], order), int.from_bytes(head[16:24], order)
+    if _HEAD + n_kv * _MIN_KV + n_tensors * _MIN_TENSOR > size:
+        raise FidevalError(f"{path}: header claims {n_tensors} tensors and {n_kv} metadata keys, more than "
+                           f"{size} bytes can hold", hint=_FIX)
+
+
 def _reader(path: str | Path):
     try:
         from gguf import GGUFReader
     except ImportError:  # pragma: no cover - gguf is a dependency on the workflow machine
         raise FidevalError("reading GGUF files needs the gguf package", hint="pip install gguf") from None
+    check_gguf_header(path)
     try:
         return GGUFReader(str(path))
     except FileNotFoundError:
-        raise FidevalError(f"GGUF file {path} not found") from None
+        raise FidevalError(f"GGUF file {path} not found", hint="check the path") from None
     except Exception as e:  # gguf-py raises ValueError/AssertionError/struct.error on malformed files
-        raise FidevalError(f"{path}: not a readable GGUF file ({type(e).__name__}: {e})") from None
+        raise FidevalError(f"{path}: not a readable GGUF file ({type(e).__name__}: {str(e)[:120]})", hint=_FIX) from None
 
 
 def gguf_architecture(path: str | Path) -> str | None:

@@ -52,13 +52,14 @@ class KldBase:
             with open(self.path, "rb") as f:
                 head = f.read(HEADER)
         except OSError as e:
-            raise FidevalError(f"cannot read {self.path} ({e.strerror})") from None
+            raise FidevalError(f"cannot read {self.path} ({e.strerror})", hint="check the path") from None
         if len(head) < HEADER or head[:8] != MAGIC:
             raise FidevalError(f"{self.path} is not a llama.cpp --kl-divergence-base file (no '_logits_' magic)",
                                hint="pass the file written by llama-perplexity --kl-divergence-base FILE")
         n_ctx, n_vocab, n_chunk = (int(x) for x in np.frombuffer(head, "<i4", 3, 8))
         if n_ctx < 4 or n_vocab < 1 or n_chunk < 1:
-            raise FidevalError(f"{self.path}: header n_ctx={n_ctx}, n_vocab={n_vocab}, n_chunk={n_chunk} is impossible")
+            raise FidevalError(f"{self.path}: header n_ctx={n_ctx}, n_vocab={n_vocab}, n_chunk={n_chunk} is impossible",
+                               hint="the file is damaged; re-run llama-perplexity --kl-divergence-base")
         self.n_ctx, self.n_vocab, self.n_chunk = n_ctx, n_vocab, n_chunk
         self.first = n_ctx // 2
         self.rows = n_ctx - 1 - self.first
@@ -91,7 +92,8 @@ def import_llamacpp(path: str | Path, out: str | Path, *, model_id: str = "unkno
 
     base = KldBase(path)
     if bos_id is not None and not 0 <= bos_id < base.n_vocab:
-        raise FidevalError(f"--bos-id {bos_id} is outside the vocabulary of {base.n_vocab}")
+        raise FidevalError(f"--bos-id {bos_id} is outside the vocabulary of {base.n_vocab} in {base.path}",
+                           hint="give the BOS id of the model's tokenizer")
     meta = {"model_id": model_id, "model_revision": model_revision, "tokenizer_sha256": tokenizer_sha256,
             "vocab_size": base.n_vocab, "kind": "logprobs", "lossy": LOSSY,
             "source": "llama.cpp --kl-divergence-base", "source_file": base.path.name,

@@ -30,7 +30,7 @@ def verify_store(root: str | Path) -> tuple[list[str], dict[str, int]]:
     try:
         reader = StoreReader(root)
     except FidevalError as e:
-        return [e.message], {"shards": 0, "bytes": 0, "rows": 0}
+        return [e.line()], {"shards": 0, "bytes": 0, "rows": 0}
     problems: list[str] = []
     totals = {"shards": 0, "bytes": 0, "rows": 0}
     expected_files: set[str] = set()
@@ -64,11 +64,11 @@ def verify_store(root: str | Path) -> tuple[list[str], dict[str, int]]:
             problems.append(f"shard {name}: token ids outside [0, {head.vocab})")
         if head.rows:
             logits = np.memmap(path, dtype="<f4", mode="r", offset=head.logits_offset, shape=(head.rows, head.vocab))
-            bad = sum(int((~np.isfinite(logits[a:a + _ROWS_PER_SCAN])).any(axis=1).sum())
-                      for a in range(0, head.rows, _ROWS_PER_SCAN))
+            bad_rows = [a + int(r) for a in range(0, head.rows, _ROWS_PER_SCAN)
+                        for r in np.flatnonzero(~np.isfinite(logits[a:a + _ROWS_PER_SCAN]).all(axis=1))]
             del logits
-            if bad:
-                problems.append(f"shard {name}: {bad} rows hold NaN or inf")
+            if bad_rows:
+                problems.append(f"shard {name}: {len(bad_rows)} rows hold NaN or inf (first: row {bad_rows[0]})")
         totals["shards"] += 1
         totals["bytes"] += size
         totals["rows"] += head.rows

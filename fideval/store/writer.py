@@ -64,10 +64,10 @@ class StoreWriter:
             self._check_identity(old["meta"], str(self.root / mf.MANIFEST))
             self._previous = old["shards"]
         shards = self.root / "shards"
-        if shards.is_dir():  # temp files of a killed write: never complete, safe to drop
-            for tmp in shards.glob(".*.tmp"):
-                with contextlib.suppress(OSError):
-                    tmp.unlink()
+        # temp files of a killed write (shards, sidecars, manifest, index): never complete, safe to drop
+        for tmp in [*shards.glob(".*.tmp"), *self.root.glob(".*.tmp")] if self.root.is_dir() else []:
+            with contextlib.suppress(OSError):
+                tmp.unlink()
 
     def _check_identity(self, other: dict[str, str], where: str) -> None:
         for k in _IDENTITY:
@@ -120,9 +120,10 @@ class StoreWriter:
         if length < 1 or not 0 <= row_start < length or lg.shape[0] not in (length - row_start, length - row_start - 1):
             raise FidevalError(f"{seq_id}: {lg.shape[0]} logit rows do not fit {tk.shape} token ids from row {row_start}")
         step = max(1, (1 << 24) // max(self.vocab_size, 1))  # bounded temporaries, even for 4 GB shards
-        bad = sum(int((~np.isfinite(lg[a:a + step])).any(axis=1).sum()) for a in range(0, lg.shape[0], step))
+        bad = [a + int(r) for a in range(0, lg.shape[0], step) for r in np.flatnonzero(~np.isfinite(lg[a:a + step]).all(axis=1))]
         if bad:
-            raise FidevalError(f"{seq_id}: {bad} logit rows hold NaN or inf", hint="the teacher run is broken; check its dtype and inputs")
+            raise FidevalError(f"{seq_id}: {len(bad)} logit rows hold NaN or inf (first: row {bad[0]})",
+                               hint="the teacher run is broken; check its dtype and inputs")
         meta = {**self.meta, **(extra_meta or {}), "format": FORMAT, "version": VERSION, "seq_id": seq_id,
                 "window_id": str(window_id), "domain": str(domain), "row_start": str(row_start)}
         path = self.root / shard_rel(seq_id)

@@ -64,7 +64,8 @@ class Encoder:
 
     def render(self, messages: list) -> str:
         if not getattr(self.tok, "chat_template", None):
-            raise FidevalError("a messages field needs a chat template, and the tokenizer has none",
+            raise FidevalError(f"a messages field needs a chat template, and the tokenizer "
+                               f"{getattr(self.tok, 'name_or_path', '') or ''} has none",
                                hint="use a tokenizer with chat_template or a text field")
         try:
             return self.tok.apply_chat_template(messages, tokenize=False)

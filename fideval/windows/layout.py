@@ -33,15 +33,34 @@ class Sequences:
     def window_of(self, seq_id: str) -> str:
         return seq_id.split(".c")[0]
 
+    def select_domains(self, domains: list[str] | tuple[str, ...] | None) -> "Sequences":
+        """The sequences of the given domains, in their original order (all of them for ``None``)."""
+        if not domains:
+            return self
+        keep = [k for k, d in enumerate(self.domains) if d in set(domains)]
+        return Sequences(ids=[self.ids[k] for k in keep], domains=[self.domains[k] for k in keep],
+                         tokens=self.tokens[keep])
+
 
 def length_dir(root: str | Path, kind: str, length: int) -> Path:
     """``kind`` is ``windows`` or ``cuts``."""
     return Path(root) / f"{kind}-{length}"
 
 
-def write_sequences(folder: str | Path, seqs: Sequences) -> None:
-    from safetensors.numpy import save
+def _safetensors_bytes(tokens: np.ndarray, meta: dict[str, str]) -> bytes:
+    """The safetensors file for one int32 tensor, with a canonical header (sorted keys, 8-byte padded).
 
+    ``safetensors.numpy.save`` orders ``__metadata__`` keys by a hash map, so two identical runs wrote
+    different bytes; a sorted header makes the file a pure function of its content (re-runs compare bit for
+    bit, and the file's SHA-256 means something)."""
+    arr = np.ascontiguousarray(tokens, dtype="<i4")
+    header = {"__metadata__": meta, "tokens": {"dtype": "I32", "shape": list(arr.shape), "data_offsets": [0, arr.nbytes]}}
+    raw = json.dumps(header, separators=(",", ":"), sort_keys=True).encode("utf-8")
+    raw += b" " * (-(8 + len(raw)) % 8)
+    return len(raw).to_bytes(8, "little") + raw + arr.tobytes()
+
+
+def write_sequences(folder: str | Path, seqs: Sequences) -> None:
     from fideval.fsio import write_bytes
 
     if seqs.tokens.dtype != np.int32 or seqs.tokens.ndim != 2:
@@ -50,7 +69,7 @@ def write_sequences(folder: str | Path, seqs: Sequences) -> None:
         raise ValueError("ids, domains and tokens disagree in count")
     meta = {"format": FORMAT, "version": VERSION, "length": str(seqs.length),
             "ids": json.dumps(seqs.ids), "domains": json.dumps(seqs.domains)}
-    write_bytes(Path(folder) / FILE, save({"tokens": np.ascontiguousarray(seqs.tokens)}, metadata=meta))
+    write_bytes(Path(folder) / FILE, _safetensors_bytes(seqs.tokens, meta))
 
 
 def read_sequences(folder: str | Path) -> Sequences:

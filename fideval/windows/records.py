@@ -7,6 +7,8 @@
 from __future__ import annotations
 
 import json
+import os
+import shutil
 from pathlib import Path
 from typing import Any
 
@@ -16,7 +18,7 @@ from fideval.errors import FidevalError
 from fideval.fsio import atomic_path, write_json
 from fideval.provenance import tool_block
 from fideval.windows.build import Built
-from fideval.windows.layout import Sequences, length_dir, token_sha256, write_sequences
+from fideval.windows.layout import FILE, Sequences, length_dir, token_sha256, write_sequences
 from fideval.windows.packing import Window
 from fideval.windows.screen import overlap_record
 
@@ -24,6 +26,7 @@ FORMAT = "fideval.eval-windows"
 VERSION = 1
 EVAL_WINDOWS = "eval-windows.json"
 INDEX = "index.parquet"
+STAGING = ".staging-"  # a dot-name: never mistaken for a result
 
 
 def cut_ids(window_id: str, n: int) -> list[str]:
@@ -45,18 +48,20 @@ def window_record(b: Built, cut: int, top: dict[str, list[dict]]) -> dict[str, A
 
 
 def write_outputs(out: Path, built: list[Built], meta: dict[str, Any], cfg_windows: dict[str, Any]) -> dict[str, Any]:
-    """Write sequences, index.parquet and eval-windows.json (last, so its presence means complete)."""
+    """Write sequences, index.parquet and eval-windows.json (last, so its presence means complete).
+
+    Everything is first written (atomically, file by file) into a staging folder inside ``out``, then
+    renamed into place, eval-windows.json last. So a full disk or a kill while writing leaves a previous
+    run's output exactly as it was; only a kill during the renames themselves (no data is written then)
+    can mix old and new files, and it removes eval-windows.json first, so that state reads as incomplete.
+    """
     import pyarrow as pa
     import pyarrow.parquet as pq
 
     w, c = cfg_windows["window_tokens"], cfg_windows["cut_tokens"]
     ids, domains = [b.id for b in built], [b.domain for b in built]
     tokens = np.stack([b.window.tokens for b in built]).astype(np.int32)
-    write_sequences(length_dir(out, "windows", w), Sequences(ids=ids, domains=domains, tokens=tokens))
     per = w // c
-    write_sequences(length_dir(out, "cuts", c), Sequences(
-        ids=[cid for i in ids for cid in cut_ids(i, per)], domains=[d for d in domains for _ in range(per)],
-        tokens=tokens.reshape(-1, c)))
     windows = [window_record(b, c, meta["top"]) for b in built]
     table = pa.table({
         "domain": [r["domain"] for r in windows for _ in r["cuts"]],
@@ -67,15 +72,31 @@ def write_outputs(out: Path, built: list[Built], meta: dict[str, Any], cfg_windo
         "window_sha256": [r["sha256"] for r in windows for _ in r["cuts"]],
         "cut_sha256": [x["sha256"] for r in windows for x in r["cuts"]],
     }, metadata={"format": "fideval.windows-index", "version": "1"})
-    with atomic_path(out / INDEX) as tmp:
-        pq.write_table(table, tmp)
     record = {"format": FORMAT, "version": VERSION,
               "provenance": {**meta["provenance"], "tool": tool_block()},
               "windows_config": cfg_windows,
               "screen": meta["screen"] if meta["screen"] is not None else
               {"status": "skipped", "reason": "no screen.calibration configured"},
               "domains": meta["domains"], "windows": windows}
-    write_json(out / EVAL_WINDOWS, record)
+    for old in Path(out).glob(f"{STAGING}*"):  # left by a killed run (the caller holds the output lock)
+        shutil.rmtree(old, ignore_errors=True)
+    stage = Path(out) / f"{STAGING}{os.getpid()}"
+    names = [f"{length_dir('', 'windows', w)}/{FILE}", f"{length_dir('', 'cuts', c)}/{FILE}", INDEX, EVAL_WINDOWS]
+    try:
+        write_sequences(length_dir(stage, "windows", w), Sequences(ids=ids, domains=domains, tokens=tokens))
+        write_sequences(length_dir(stage, "cuts", c), Sequences(
+            ids=[cid for i in ids for cid in cut_ids(i, per)], domains=[d for d in domains for _ in range(per)],
+            tokens=tokens.reshape(-1, c)))
+        with atomic_path(stage / INDEX) as tmp:
+            pq.write_table(table, tmp)
+        write_json(stage / EVAL_WINDOWS, record)
+        for name in names:
+            (Path(out) / name).parent.mkdir(parents=True, exist_ok=True)
+        (Path(out) / EVAL_WINDOWS).unlink(missing_ok=True)  # from here until the last rename: incomplete
+        for name in names:
+            os.replace(stage / name, Path(out) / name)
+    finally:
+        shutil.rmtree(stage, ignore_errors=True)
     return record
 
 

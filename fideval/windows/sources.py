@@ -63,16 +63,39 @@ def _payload(row: dict, name: str, chat: bool, where: str, at: str, render: Call
     v = row[name]
     if chat:
         if not (isinstance(v, list) and all(isinstance(m, dict) and "role" in m and "content" in m for m in v)):
-            raise FidevalError(f"{where}: {at} field '{name}' is not a list of {{role, content}} messages")
+            raise FidevalError(f"{where}: {at} field '{name}' is not a list of {{role, content}} messages",
+                           hint="fix the row, or use text_field for plain text")
         return render(v)
     if not isinstance(v, str):
-        raise FidevalError(f"{where}: {at} field '{name}' is not a string ({type(v).__name__})")
+        raise FidevalError(f"{where}: {at} field '{name}' is not a string ({type(v).__name__})",
+                           hint="fix the row, or use messages_field for conversations")
     return v
+
+
+def _not_utf8(path: Path) -> FidevalError:
+    """The error for a file that is not UTF-8, naming the first line that does not decode (text-mode reads
+    decode in blocks, so the line being read when the error surfaced may be an earlier one)."""
+    line = 0
+    with open(path, "rb") as f:
+        for line, raw in enumerate(f, 1):
+            try:
+                raw.decode("utf-8")
+            except UnicodeDecodeError:
+                break
+    return FidevalError(f"{path}:{line} is not UTF-8 text", hint="convert the file to UTF-8")
 
 
 def _rows_jsonl(path: Path) -> Iterator[tuple[dict, dict]]:
     with open(path, encoding="utf-8") as f:
-        for i, line in enumerate(f, 1):
+        i = 0
+        while True:
+            try:
+                line = next(f, None)
+            except UnicodeDecodeError:
+                raise _not_utf8(path) from None
+            if line is None:
+                return
+            i += 1
             if not line.strip():
                 continue
             try:
@@ -80,7 +103,7 @@ def _rows_jsonl(path: Path) -> Iterator[tuple[dict, dict]]:
             except json.JSONDecodeError:
                 raise FidevalError(f"{path}:{i} is not valid JSON", hint="one JSON object per line") from None
             if not isinstance(row, dict):
-                raise FidevalError(f"{path}:{i} is not a JSON object")
+                raise FidevalError(f"{path}:{i} is not a JSON object", hint="one JSON object per line")
             yield {"line": i}, row
 
 
@@ -90,7 +113,8 @@ def _rows_parquet(path: Path) -> Iterator[tuple[dict, dict]]:
     try:
         pf = pq.ParquetFile(path)
     except Exception as e:
-        raise FidevalError(f"{path} is not a readable parquet file ({type(e).__name__})") from None
+        raise FidevalError(f"{path} is not a readable parquet file ({type(e).__name__})",
+                           hint="re-export the file, or use jsonl") from None
     r = 0
     for batch in pf.iter_batches(batch_size=1024):
         for row in batch.to_pylist():
@@ -102,7 +126,15 @@ def _rows_txt(path: Path) -> Iterator[tuple[dict, dict]]:
     lines: list[str] = []
     start = 0
     with open(path, encoding="utf-8") as f:
-        for i, line in enumerate(f, 1):
+        i = 0
+        while True:
+            try:
+                line = next(f, None)
+            except UnicodeDecodeError:
+                raise _not_utf8(path) from None
+            if line is None:
+                break
+            i += 1
             if line.strip():
                 if not lines:
                     start = i
@@ -121,9 +153,10 @@ def _local_rows(src: LocalSource, where: str) -> tuple[Iterator[tuple[dict, dict
     suffix = path.suffix.lower()
     readers = {".jsonl": _rows_jsonl, ".parquet": _rows_parquet, ".txt": _rows_txt}
     if suffix not in readers:
-        raise FidevalError(f"{where}.path: {src.path} is not .jsonl, .parquet or .txt")
+        raise FidevalError(f"{where}.path: {src.path} is not .jsonl, .parquet or .txt", hint="convert it to jsonl")
     if suffix == ".txt" and src.messages_field:
-        raise FidevalError(f"{where}: a .txt file holds plain text; messages_field needs jsonl or parquet")
+        raise FidevalError(f"{where}: {src.path} is a .txt file of plain text; messages_field needs jsonl or parquet",
+                           hint="use text_field, or convert the conversations to jsonl")
     return readers[suffix](path), {"file": src.path}
 
 
