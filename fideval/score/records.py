@@ -1,0 +1,73 @@
+"""``records.parquet`` (format ``fideval.records`` v1): one row per scored next-token row, one row group
+per shard, written through a temp file renamed into place only when the whole run succeeded.
+
+The stats stage reads nothing else, so every column a report needs is here, named in
+:data:`fideval.score.metrics.COLUMNS` and documented in ``docs/formats-records.md``.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from fideval.fsio import atomic_path
+from fideval.score.metrics import COLUMNS, FIGURES, FLAGS
+
+FORMAT = "fideval.records"
+VERSION = "1"
+FILE = "records.parquet"
+
+
+def schema() -> Any:
+    import pyarrow as pa
+
+    types = {"string": pa.string(), "int32": pa.int32(), "float64": pa.float64(), "bool": pa.bool_()}
+    return pa.schema([pa.field(name, types[kind], nullable=False) for name, kind in COLUMNS],
+                     metadata={"format": FORMAT, "version": VERSION})
+
+
+class RecordsWriter:
+    """``with RecordsWriter(out_dir) as w: w.add_shard(...)``; the file appears only on a clean exit."""
+
+    def __init__(self, out_dir: str | Path):
+        self.path = Path(out_dir) / FILE
+        self.rows = 0
+        self._ctx = None
+        self._writer = None
+
+    def __enter__(self) -> "RecordsWriter":
+        import pyarrow.parquet as pq
+
+        self._ctx = atomic_path(self.path)
+        tmp = self._ctx.__enter__()
+        self._schema = schema()
+        self._writer = pq.ParquetWriter(str(tmp), self._schema, compression="zstd")
+        return self
+
+    def add_shard(self, *, candidate: str, path: str, length: int, seq_id: str, window_id: str, domain: str,
+                  positions: np.ndarray, tokens: np.ndarray, figs: np.ndarray, flags: np.ndarray) -> None:
+        """One shard's rows as one row group (bounded memory whatever the run's size)."""
+        import pyarrow as pa
+
+        n = len(positions)
+        if n == 0:
+            return
+        cols: dict[str, Any] = {
+            "candidate": pa.array([candidate] * n, pa.string()), "path": pa.array([path] * n, pa.string()),
+            "length": pa.array(np.full(n, length, np.int32)), "seq_id": pa.array([seq_id] * n, pa.string()),
+            "window_id": pa.array([window_id] * n, pa.string()), "domain": pa.array([domain] * n, pa.string()),
+            "position": pa.array(np.asarray(positions, np.int32)), "token": pa.array(np.asarray(tokens, np.int32)),
+        }
+        for j, name in enumerate(FIGURES):
+            cols[name] = pa.array(np.ascontiguousarray(figs[:, j], np.float64))
+        for j, name in enumerate(FLAGS):
+            cols[name] = pa.array(np.ascontiguousarray(flags[:, j], bool))
+        table = pa.table([cols[name] for name, _ in COLUMNS], schema=self._schema)
+        self._writer.write_table(table, row_group_size=n)
+        self.rows += n
+
+    def __exit__(self, exc_type, exc, tb) -> bool:
+        self._writer.close()
+        return bool(self._ctx.__exit__(exc_type, exc, tb))

@@ -1,0 +1,244 @@
+"""The scoring driver: teacher store + candidate logits -> ``records.parquet`` + ``score.json``.
+
+Candidate logits arrive as an iterator of ``(seq_id, logits [rows, V])`` -- optionally followed by the
+sequence's ``token_ids`` and the candidate's ``row_start`` -- so the same loop scores a candidate store
+(:func:`store_candidates`) or a model run on the fly (``fideval.model.runner.iter_logits``). Per shard:
+checks (vocab, token ids, non-finite rows) before any scoring, the fast scorer (Triton on CUDA, else
+torch), the numpy float64 reference on sampled rows, one Parquet row group. Nothing is written unless
+every shard passed: a run that fails its CPU check leaves no records that look valid.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Iterator
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+
+from fideval.errors import FidevalError
+from fideval.fsio import sha256_file, write_json
+from fideval.progress import progress
+from fideval.score import reference, torch_kernel
+from fideval.score.metrics import FIGURES, max_rel_diff
+from fideval.score.records import RecordsWriter
+
+SCORE_FORMAT = "fideval.score"
+SCORE_VERSION = 1
+
+
+def pick(device: str = "auto", kernel: str = "auto") -> tuple[torch.device, str]:
+    """Resolve ``device`` ("auto"/"cpu"/"cuda[:n]") and ``kernel`` ("auto"/"triton"/"torch")."""
+    from fideval.score import triton_kernel
+
+    if device == "auto":
+        device = "cuda" if torch.cuda.is_available() else "cpu"
+    dev = torch.device(device)
+    if dev.type == "cuda" and not torch.cuda.is_available():
+        raise FidevalError("--device cuda: no CUDA device is visible", hint="use --device cpu")
+    if kernel == "auto":
+        kernel = "triton" if dev.type == "cuda" and triton_kernel.available() else "torch"
+    if kernel == "triton" and not (dev.type == "cuda" and triton_kernel.available()):
+        raise FidevalError("kernel 'triton' needs a CUDA device and the triton package", hint="use --kernel torch")
+    return dev, kernel
+
+
+def score_tensors(ref: torch.Tensor, cand: torch.Tensor, targets: torch.Tensor, kernel: str
+                  ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Figures float64 [n, 7], flags bool [n, 4], non-finite mask [n] as numpy, with the chosen kernel."""
+    if kernel == "triton":
+        from fideval.score import triton_kernel
+
+        figs, flags, bad = triton_kernel.score_rows(ref, cand, targets)
+    else:
+        figs, flags, bad = torch_kernel.score_rows(ref, cand, targets)
+    return figs.cpu().numpy(), flags.cpu().numpy(), bad.cpu().numpy()
+
+
+def store_candidates(reader: Any, seq_ids: Iterable[str], device: Any = None) -> Iterator[tuple]:
+    """A candidate store as a candidate iterator: ``(seq_id, logits, token_ids, row_start)``."""
+    for sid, logits, tokens in reader.iter(list(seq_ids), device=device):
+        yield sid, logits, tokens, reader.row_start(sid)
+
+
+def teacher_candidates(teacher: Any, seq_ids: Iterable[str]) -> Iterator[tuple]:
+    """The teacher as its own candidate (``--self-check``)."""
+    for sid in seq_ids:
+        logits, tokens = teacher.read(sid)
+        yield sid, torch.from_numpy(np.array(logits, dtype=np.float32)), tokens, teacher.row_start(sid)
+
+
+def _check_rows(every: int, start: int, n: int) -> np.ndarray:
+    """Rows (local indices) the CPU reference re-scores: global row index % every == 0, plus first and last."""
+    if n == 0:
+        return np.zeros(0, np.int64)
+    g = np.arange(start, start + n)
+    pick_ = np.flatnonzero(g % every == 0)
+    return np.unique(np.concatenate([pick_, [0, n - 1]])).astype(np.int64)
+
+
+class _Run:
+    def __init__(self, teacher: Any, dev: torch.device, kernel: str, every: int, tolerance: float, on_nonfinite: str):
+        self.teacher, self.dev, self.kernel = teacher, dev, kernel
+        self.every, self.tolerance, self.on_nonfinite = every, tolerance, on_nonfinite
+        self.rows = self.checked = self.nonfinite = self.seen = 0
+        self.worst, self.worst_at = 0.0, ""
+        self.max_kld, self.top1 = 0.0, 0
+        self.lengths: set[int] = set()
+
+    def shard(self, item: tuple) -> dict[str, Any] | None:
+        """Score one candidate item against its teacher shard; None when nothing is scorable."""
+        if len(item) < 2 or len(item) > 4:
+            raise ValueError("candidate items are (seq_id, logits[, token_ids[, row_start]])")
+        sid, cand = item[0], item[1]
+        cand_tokens = item[2] if len(item) > 2 else None
+        cand_start = int(item[3]) if len(item) > 3 else 0
+        vocab = self.teacher.vocab_size
+        if not isinstance(cand, torch.Tensor):
+            cand = torch.from_numpy(np.asarray(cand))
+        if cand.ndim != 2 or cand.shape[1] != vocab:
+            raise FidevalError(f"candidate {sid}: logits shape {tuple(cand.shape)} does not match the teacher's vocab {vocab}",
+                               hint="teacher and candidate must use the same tokenizer and output width")
+        ref_np, tokens = self.teacher.read(sid)
+        tokens = np.asarray(tokens)
+        if cand_tokens is not None:
+            ct = np.asarray(cand_tokens)
+            if ct.shape != tokens.shape or not np.array_equal(ct, tokens):
+                n = min(len(ct), len(tokens))
+                diff = np.flatnonzero(ct[:n] != tokens[:n])
+                where = f"first at position {int(diff[0])}" if len(diff) else f"{len(ct)} vs {len(tokens)} tokens"
+                raise FidevalError(f"shard {sid}: candidate token ids differ from the teacher's ({where})",
+                                   hint="score a candidate made from the same windows and tokenizer")
+        if tokens.size and (tokens.min() < 0 or tokens.max() >= vocab):
+            raise FidevalError(f"shard {sid}: token ids outside [0, {vocab})", hint="the store is corrupt or from another tokenizer")
+        length = len(tokens)
+        ref_start = self.teacher.row_start(sid)
+        lo = max(ref_start, cand_start)
+        hi = min(ref_start + ref_np.shape[0], cand_start + cand.shape[0], length - 1)
+        if hi <= lo:
+            return None
+        ref = torch.from_numpy(np.array(ref_np[lo - ref_start: hi - ref_start], dtype=np.float32))
+        cand_rows = cand[lo - cand_start: hi - cand_start]
+        positions = np.arange(lo, hi, dtype=np.int64)
+        targets_np = tokens[positions + 1].astype(np.int64)
+        ref_d = ref.to(self.dev, non_blocking=True)
+        cand_d = cand_rows.to(self.dev).contiguous()
+        figs, flags, bad = score_tensors(ref_d, cand_d, torch.from_numpy(targets_np).to(self.dev), self.kernel)
+        del ref_d, cand_d
+        keep = ~bad
+        if bad.any():
+            r = int(np.flatnonzero(bad)[0])
+            if self.on_nonfinite != "skip":
+                raise FidevalError(f"shard {sid}: row {positions[r]} (and {int(bad.sum()) - 1} more) holds NaN/+inf or no finite logit",
+                                   hint="fix the model run, or pass --on-nonfinite skip to drop and count such rows")
+            self.nonfinite += int(bad.sum())
+        # CPU float64 reference on sampled rows (never on the non-finite ones)
+        sel = _check_rows(self.every, self.seen, len(positions))
+        sel = sel[keep[sel]]
+        if len(sel):
+            cand_cpu = cand_rows[torch.from_numpy(sel)].cpu().numpy() if cand_rows.device.type != "cpu" \
+                else cand_rows.numpy()[sel]
+            rf, rfl = reference.score_rows(ref.numpy()[sel], cand_cpu, targets_np[sel])
+            d, where = max_rel_diff(figs[sel], flags[sel], rf, rfl)
+            self.checked += len(sel)
+            if d > self.worst:
+                self.worst, self.worst_at = d, f"{where} in shard {sid}"
+            if d > self.tolerance:
+                raise FidevalError(f"CPU check failed: {where} differs from the float64 reference by {d:.3g} (> {self.tolerance:g}) "
+                                   f"in shard {sid}", hint=f"the {self.kernel} kernel is wrong on this device; rerun with --kernel torch")
+        self.seen += len(positions)
+        self.rows += int(keep.sum())
+        if keep.any():
+            self.max_kld = max(self.max_kld, float(np.max(np.abs(figs[keep, 0]))))
+            self.top1 += int(flags[keep, 0].sum())
+        self.lengths.add(length)
+        entry = self.teacher.entry(sid)
+        return dict(seq_id=sid, window_id=str(entry.get("window_id", sid.split(".c")[0])), domain=str(entry.get("domain", "")),
+                    length=length, positions=positions[keep], tokens=targets_np[keep], figs=figs[keep], flags=flags[keep])
+
+
+def _teacher_block(teacher: Any, store: str | None) -> dict[str, Any]:
+    man = Path(teacher.root) / "manifest.json"
+    return {"store": str(store if store is not None else teacher.root), "model_id": teacher.meta.get("model_id"),
+            "model_revision": teacher.meta.get("model_revision"),
+            "manifest_sha256": sha256_file(man) if man.exists() else None}
+
+
+def self_check(teacher: Any, *, device: str = "auto", kernel: str = "auto", seq_ids: list[str] | None = None
+               ) -> dict[str, Any]:
+    """Score the teacher against itself: every row must give KLD exactly 0 and top-1 agreement.
+
+    A scorer that returns 1e-17 here has a bug (identical inputs take identical float64 paths); the check
+    is exact on purpose. Raises :class:`FidevalError` otherwise; returns ``{max_kld, top1, rows}``.
+    """
+    dev, kernel = pick(device, kernel)
+    run = _Run(teacher, dev, kernel, every=10**12, tolerance=float("inf"), on_nonfinite="fail")
+    ids = teacher.seq_ids if seq_ids is None else seq_ids
+    with progress("self-check", total=sum(teacher.entry(s)["rows"] for s in ids), unit="rows") as bar:
+        for item in teacher_candidates(teacher, ids):
+            out = run.shard(item)
+            bar.advance(len(out["positions"]) if out else 0)
+    return _self_result(run, kernel)
+
+
+def _self_result(run: _Run, kernel: str) -> dict[str, Any]:
+    result = {"max_kld": run.max_kld, "top1": run.top1 / run.rows if run.rows else 1.0, "rows": run.rows}
+    if run.max_kld != 0.0 or run.top1 != run.rows:
+        raise FidevalError(f"self-check failed: the teacher scored against itself gives max |KLD| {run.max_kld:.3g} and top-1 "
+                           f"{result['top1']:.6f} (expected exactly 0 and 1)", hint=f"the {kernel} kernel is broken on this device")
+    return result
+
+
+def score_candidate(teacher: Any, candidate_iter: Iterable[tuple], *, candidate: str, path: str, out_dir: str | Path,
+                    device: str = "auto", cpu_check_every: int = 1000, cpu_check_tolerance: float = 2e-12,
+                    on_nonfinite: str = "fail", kernel: str = "auto", self_check_first: bool = False,
+                    teacher_spec: str | None = None, total_rows: int | None = None,
+                    candidate_is_teacher: bool = False) -> dict[str, Any]:
+    """Score every item of ``candidate_iter`` against ``teacher`` (a StoreReader); write the records.
+
+    ``candidate_iter`` yields ``(seq_id, logits float32 [rows, V])`` (a model run: row i predicts token
+    i + 1) or ``(seq_id, logits, token_ids[, row_start])`` (a store; token ids are checked against the
+    teacher's before the shard is scored). ``path`` is "serving", "weights-only" or "store". Writes
+    ``out_dir/records.parquet`` and ``out_dir/score.json``; returns the score.json dict.
+    ``self_check_first`` scores the teacher against itself before the candidate;
+    ``candidate_is_teacher`` says the candidate IS the teacher (the run is the self-check). Either way
+    ``self_check`` in score.json holds ``{max_kld, top1, rows}`` and a non-exact result fails the run.
+    """
+    if on_nonfinite not in ("fail", "skip"):
+        raise FidevalError(f"--on-nonfinite {on_nonfinite!r}: expected 'fail' or 'skip'")
+    if cpu_check_every < 1:
+        raise FidevalError(f"cpu_check_every {cpu_check_every}: must be >= 1")
+    dev, kernel = pick(device, kernel)
+    checked_self = self_check(teacher, device=str(dev), kernel=kernel) if self_check_first else None
+    out_dir = Path(out_dir)
+    run = _Run(teacher, dev, kernel, cpu_check_every, cpu_check_tolerance, on_nonfinite)
+    if total_rows is None:
+        total_rows = sum(max(int(teacher.entry(s)["rows"]) - 1, 0) for s in teacher.seq_ids)
+    with RecordsWriter(out_dir) as w, progress(f"score {candidate}", total=total_rows, unit="rows") as bar:
+        for item in candidate_iter:
+            out = run.shard(item)
+            if out is None:
+                continue
+            w.add_shard(candidate=candidate, path=path, **out)
+            bar.advance(len(out["positions"]))
+        if candidate_is_teacher:
+            checked_self = _self_result(run, kernel)
+    summary = {
+        "format": SCORE_FORMAT, "version": SCORE_VERSION, "candidate": candidate, "path": path,
+        "length": next(iter(run.lengths)) if len(run.lengths) == 1 else None, "rows": run.rows,
+        "teacher": _teacher_block(teacher, teacher_spec),
+        "cpu_check": {"rows_checked": run.checked, "max_rel_diff": run.worst, "tolerance": cpu_check_tolerance,
+                      "every": cpu_check_every, "worst": run.worst_at or None},
+        "self_check": checked_self, "nonfinite_rows": run.nonfinite, "on_nonfinite": on_nonfinite,
+        "device": torch.cuda.get_device_name(dev) if dev.type == "cuda" else "cpu", "kernel": kernel,
+        "figures": list(FIGURES), "records": "records.parquet",
+    }
+    try:
+        from fideval.provenance import tool_block
+
+        summary["tool"] = tool_block()
+    except Exception:  # pragma: no cover - provenance needs git; never fail a finished run on it
+        summary["tool"] = None
+    write_json(out_dir / "score.json", summary)
+    return summary

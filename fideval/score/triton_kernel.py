@@ -1,0 +1,305 @@
+"""The fused GPU scorer: Triton kernels that read each FP32 logit once and work in float64.
+
+Why this shape. At vocab 129,280 a row pair is 1 MB; one program per row leaves most of the GPU idle
+behind a long float64 dependency chain (a first sketch measured ~28 % of copy bandwidth). So each row is split into
+``CHUNK``-token chunks, one program per (row, chunk):
+
+1. ``_partials`` loads its chunk of ``a`` (reference) and ``b`` (candidate) once, into registers. One
+   combined reduction gives both chunk maxima and the special-value flags (NaN/+inf; the finite-vs--inf
+   mismatches that make a KLD infinite, settled here in float32 so the float64 work needs no masks).
+   With the chunk maxima exact there is no online rescaling: a second combined reduction sums, in
+   float64, ``S = sum exp(x - m)``, ``X = sum e_a (xa - xb)``, ``Y = sum e_b (xa - xb)``,
+   ``E = sum e_a xa`` (``xa = a - m_a``, ``xb = b - m_b``) and takes the lowest index holding the
+   reference maximum. Two block reductions per chunk, not twenty: a version with 21 (separate sums plus
+   a per-chunk candidate top-10) measured 10 % of copy bandwidth, this one 32 %.
+2. ``_combine`` (one program per row) rescales the chunk partials to the row maxima (``exp(m_c - M)``
+   weights; ``xa - xb`` shifts by the chunk constant ``(M_a - m_a) - (M_b - m_b)``) into the figures of
+   :mod:`fideval.score.metrics`, and reads ``b`` at the reference argmax ``i`` and both rows at the
+   realized token.
+3. ``_rank`` counts, per row, the candidate tokens ahead of ``i`` (the top-k rank test). Only chunks
+   whose candidate maximum reaches ``b[i]`` can hold such tokens; every other program returns after
+   reading two scalars. For a candidate close to its reference that is one or two chunks per row, so
+   top-k costs a few % of one extra read of ``b``; a candidate unrelated to its reference costs up to
+   one full extra read, and stays exact.
+
+Keys: a float32 maps to an order-preserving int32 (sign-magnitude flip, -0.0 canonicalised to +0.0);
+``key = int32 << 32 | (2**31 - 1 - index)`` orders by (logit descending, index ascending) -- the documented
+tie rule -- so the max key is the argmax with the lowest index and ``#{keys > key(b[i])}`` is the rank.
+
+Exp: libdevice's float64 exp by default; two FMA-polynomial exps (``_exp64``, ``_exp64t``, both within
+2 ulp) are bench variants that measured slower on an H200. Measured (bench/RESULTS.md): ~1.3 M rows/s at
+vocab 129,280, 32 % of the copy-bandwidth ceiling, 7.5x plain torch float64 -- short of the 75 % goal.
+Memory is not the limit; whether float64 issue rate, conversions or latency is, has not been profiled.
+No float64 ``[rows, V]`` tensor is ever materialised.
+"""
+
+from __future__ import annotations
+
+import torch
+
+try:  # Triton is optional: the torch fallback covers machines without it.
+    import triton
+    import triton.language as tl
+except ImportError:  # pragma: no cover - depends on the machine
+    triton = None
+    tl = None
+
+NPF = 8  # float64 partials per (row, chunk): ma, mb, Sa, Sb, X, Y, Ea, flags
+
+
+def available() -> bool:
+    return triton is not None and torch.cuda.is_available()
+
+
+if triton is not None:
+
+    @triton.jit
+    def _f64(like, v: tl.constexpr):
+        # a float64 constant at full precision (a bare Python float literal is typed float32 by Triton)
+        return tl.full(like.shape, v, tl.float64)
+
+    @triton.jit
+    def _exp64(x):
+        """exp(x) for float64 x <= 0 from FMAs: x = k ln2/2 + r, |r| <= ln2/4, degree-10 Taylor
+        (truncation <= 1.1e-16 relative), times 2**(k//2) built from bits and sqrt(2) when k is odd.
+        Below -708.4 the result is 0 (libdevice gives subnormals there; no sum can see the difference)."""
+        x = tl.maximum(x, -1000.0)
+        k = tl.floor(x * _f64(x, 2.8853900817779268) + 0.5)
+        r = tl.fma(k, _f64(x, -3.46573590184561908245e-01), x)
+        r = tl.fma(k, _f64(x, -9.54107464635293850010e-11), r)
+        p = _f64(x, 2.755731922398589065e-07)
+        p = tl.fma(p, r, _f64(x, 2.755731922398589065e-06))
+        p = tl.fma(p, r, _f64(x, 2.4801587301587301587e-05))
+        p = tl.fma(p, r, _f64(x, 1.9841269841269841270e-04))
+        p = tl.fma(p, r, _f64(x, 1.3888888888888888889e-03))
+        p = tl.fma(p, r, _f64(x, 8.3333333333333333333e-03))
+        p = tl.fma(p, r, _f64(x, 4.1666666666666666667e-02))
+        p = tl.fma(p, r, _f64(x, 1.6666666666666666667e-01))
+        p = tl.fma(p, r, _f64(x, 0.5))
+        p = tl.fma(p, r, _f64(x, 1.0))
+        p = tl.fma(p, r, _f64(x, 1.0))
+        ki = k.to(tl.int32)
+        half = ki >> 1
+        p = tl.where((ki & 1) != 0, p * _f64(x, 1.4142135623730951), p)
+        scale = ((half + 1023).to(tl.int64) << 52).to(tl.float64, bitcast=True)
+        return tl.where(half < -1022, 0.0, p * scale)
+
+    @triton.jit
+    def _exp64t(x):
+        """exp(x) for float64 -700 <= x <= 0 (callers zero what lies below): x = k ln2/8 + r with k from the
+        1.5 * 2**52 rounding trick (no float-to-int conversion), |r| <= ln2/16, a degree-8 Taylor
+        polynomial (truncation 1.5e-18), times 2**((k mod 8)/8) picked by a select tree of constants, and
+        2**(k div 8) added to the exponent bits. Fewer float64 operations than libdevice's, yet measured
+        slower on an H200 (22 % vs 32 % of copy bandwidth: the selects and 64-bit integer work cost more);
+        kept as a bench variant."""
+        x = tl.maximum(x, -700.0)
+        magic = _f64(x, 6755399441055744.0)
+        t = tl.fma(x, _f64(x, 11.541560327111707), magic)
+        k = t - magic
+        ti = t.to(tl.int64, bitcast=True) - 4843621399236968448  # = k: t = 1.5 * 2**52 + k exactly
+        r = tl.fma(k, _f64(x, -8.664339754614047706125e-02), x)
+        r = tl.fma(k, _f64(x, -2.385268661588234625e-11), r)
+        p = _f64(x, 2.4801587301587301587e-05)
+        p = tl.fma(p, r, _f64(x, 1.9841269841269841270e-04))
+        p = tl.fma(p, r, _f64(x, 1.3888888888888888889e-03))
+        p = tl.fma(p, r, _f64(x, 8.3333333333333333333e-03))
+        p = tl.fma(p, r, _f64(x, 4.1666666666666666667e-02))
+        p = tl.fma(p, r, _f64(x, 1.6666666666666666667e-01))
+        p = tl.fma(p, r, _f64(x, 0.5))
+        p = tl.fma(p, r, _f64(x, 1.0))
+        p = tl.fma(p, r, _f64(x, 1.0))
+        b0 = (ti & 1) != 0
+        b1 = (ti & 2) != 0
+        b2 = (ti & 4) != 0
+        t01 = tl.where(b0, _f64(x, 1.0905077326652577), _f64(x, 1.0))
+        t23 = tl.where(b0, _f64(x, 1.2968395546510096), _f64(x, 1.189207115002721))
+        t45 = tl.where(b0, _f64(x, 1.5422108254079407), _f64(x, 1.4142135623730951))
+        t67 = tl.where(b0, _f64(x, 1.8340080864093424), _f64(x, 1.681792830507429))
+        t03 = tl.where(b1, t23, t01)
+        t47 = tl.where(b1, t67, t45)
+        y = p * tl.where(b2, t47, t03)
+        return (y.to(tl.int64, bitcast=True) + ((ti >> 3) << 52)).to(tl.float64, bitcast=True)
+
+    @triton.jit
+    def _key(x, idx):
+        x = tl.where(x == 0.0, 0.0, x)  # -0.0 and +0.0 are the same logit
+        bits = x.to(tl.int32, bitcast=True)
+        k32 = tl.where(bits >= 0, bits, bits ^ 0x7FFFFFFF)
+        return (k32.to(tl.int64) << 32) | (2147483647 - idx).to(tl.int64)
+
+    @triton.jit
+    def _max_max_or(m1, n1, f1, m2, n2, f2):
+        return tl.maximum(m1, m2), tl.maximum(n1, n2), f1 | f2
+
+    @triton.jit
+    def _add5_min(a0, a1, a2, a3, a4, i0, b0, b1, b2, b3, b4, j0):
+        return a0 + b0, a1 + b1, a2 + b2, a3 + b3, a4 + b4, tl.minimum(i0, j0)
+
+    @triton.jit
+    def _partials(A, B, stride_a, stride_b, V, NCH, PF, PK, CHUNK: tl.constexpr, FAST_EXP: tl.constexpr):
+        pid = tl.program_id(0)
+        row = (pid // NCH).to(tl.int64)
+        ch = pid % NCH
+        offs = ch * CHUNK + tl.arange(0, CHUNK)
+        mask = offs < V
+        a = tl.load(A + row * stride_a + offs, mask=mask, other=float("-inf"))
+        b = tl.load(B + row * stride_b + offs, mask=mask, other=float("-inf"))
+        # bit 0: NaN/+inf (bad row); bit 1: a finite, b = -inf (KL = +inf); bit 2: the mirror (reverse KL)
+        fl = ((a != a) | (a == float("inf")) | (b != b) | (b == float("inf"))).to(tl.int32)
+        fl = fl | (((a > float("-inf")) & (b == float("-inf"))).to(tl.int32) << 1)
+        fl = fl | (((b > float("-inf")) & (a == float("-inf"))).to(tl.int32) << 2)
+        ma32, mb32, flags = tl.reduce((a, b, fl), 0, _max_max_or)
+        ma = ma32.to(tl.float64)
+        mb = mb32.to(tl.float64)
+        # argmax, lowest index among equal maxima: folded into the float64 reduction below
+        ia = tl.where(a == ma32, offs, 2147483647)
+        sha = tl.where(ma > float("-inf"), ma, 0.0)
+        shb = tl.where(mb > float("-inf"), mb, 0.0)
+        # -inf -> the lowest float32: exp gives exactly 0 and 0 * (finite difference) = 0
+        xa = tl.maximum(a, -3.4028234663852886e38).to(tl.float64) - sha
+        xb = tl.maximum(b, -3.4028234663852886e38).to(tl.float64) - shb
+        if FAST_EXP == 2:
+            ea = tl.where(a < ma32 - 700.0, 0.0, _exp64t(xa))
+            eb = tl.where(b < mb32 - 700.0, 0.0, _exp64t(xb))
+        elif FAST_EXP == 1:
+            ea = _exp64(xa)
+            eb = _exp64(xb)
+        else:
+            ea = tl.exp(xa)
+            eb = tl.exp(xb)
+        e = xa - xb
+        s_a, s_b, x_, y_, ea_, ia = tl.reduce((ea, eb, ea * e, eb * e, ea * xa, ia), 0, _add5_min)
+        j = tl.arange(0, 8)
+        vals = tl.where(j == 0, ma, tl.where(j == 1, mb, tl.where(j == 2, s_a, tl.where(j == 3, s_b, tl.where(
+            j == 4, x_, tl.where(j == 5, y_, tl.where(j == 6, ea_, flags.to(tl.float64))))))))
+        tl.store(PF + pid.to(tl.int64) * 8 + j, vals)
+        tl.store(PK + pid, ia)
+
+    @triton.jit
+    def _combine(PF, PK, A, B, stride_a, stride_b, T, OUTF, OUTI, BIA, NCH, NCH_P2: tl.constexpr):
+        row = tl.program_id(0).to(tl.int64)
+        c = tl.arange(0, NCH_P2)
+        cm = c < NCH
+        base = (row * NCH + c) * 8
+        ma = tl.load(PF + base + 0, mask=cm, other=float("-inf"))
+        mb = tl.load(PF + base + 1, mask=cm, other=float("-inf"))
+        s_a = tl.load(PF + base + 2, mask=cm, other=0.0)
+        s_b = tl.load(PF + base + 3, mask=cm, other=0.0)
+        x_ = tl.load(PF + base + 4, mask=cm, other=0.0)
+        y_ = tl.load(PF + base + 5, mask=cm, other=0.0)
+        ea_ = tl.load(PF + base + 6, mask=cm, other=0.0)
+        fl = tl.reduce(tl.load(PF + base + 7, mask=cm, other=0.0).to(tl.int32), 0, _or)
+        m_a = tl.max(ma, axis=0)
+        m_b = tl.max(mb, axis=0)
+        ha = s_a > 0
+        hb = s_b > 0
+        da = tl.where(ha, m_a - ma, 0.0)
+        db = tl.where(hb, m_b - mb, 0.0)
+        wa = tl.where(ha, tl.exp(-da), 0.0)
+        wb = tl.where(hb, tl.exp(-db), 0.0)
+        sa = tl.sum(wa * s_a, axis=0)
+        sb = tl.sum(wb * s_b, axis=0)
+        ep_e = tl.sum(tl.where(ha & hb, wa * (x_ - (da - db) * s_a), 0.0), axis=0) / sa
+        eq_e = tl.sum(tl.where(ha & hb, wb * (y_ - (da - db) * s_b), 0.0), axis=0) / sb
+        ep_x = tl.sum(tl.where(ha, wa * (ea_ - da * s_a), 0.0), axis=0) / sa
+        log_ratio = tl.log(sa / sb)
+        t = tl.load(T + row)
+        at = tl.load(A + row * stride_a + t).to(tl.float64)
+        bt = tl.load(B + row * stride_b + t).to(tl.float64)
+        log_sa = tl.log(sa)
+        of = OUTF + row * 7
+        tl.store(of + 0, tl.where((fl & 2) != 0, float("inf"), ep_e - log_ratio))
+        tl.store(of + 1, tl.where((fl & 4) != 0, float("inf"), -eq_e + log_ratio))
+        tl.store(of + 2, (m_a - at) + log_sa)
+        tl.store(of + 3, (m_b - bt) + tl.log(sb))
+        tl.store(of + 4, tl.exp(bt - m_b) / sb - tl.exp(at - m_a) / sa)
+        tl.store(of + 5, log_sa - ep_x)
+        tl.store(of + 6, 1.0 / sa)
+        # the reference argmax: first chunk holding the row maximum, then that chunk's first index of it
+        cbest = tl.min(tl.where(cm & (ma == m_a), c, NCH_P2), axis=0)
+        ia = tl.load(PK + row * NCH + cbest).to(tl.int64)
+        bia = tl.load(B + row * stride_b + ia)
+        tl.store(BIA + row * 2, _key(bia, ia))
+        tl.store(BIA + row * 2 + 1, bia.to(tl.int32, bitcast=True).to(tl.int64))
+        bad = ((fl & 1) != 0) | (m_a == float("-inf")) | (m_b == float("-inf"))
+        oi = OUTI + row * 3
+        tl.store(oi + 0, (ia == t).to(tl.int32))
+        tl.store(oi + 1, bad.to(tl.int32))
+        tl.store(oi + 2, 0)  # the rank, counted by _rank
+
+    @triton.jit
+    def _or(x, y):
+        return x | y
+
+    @triton.jit
+    def _rank(B, stride_b, V, NCH, PF, BIA, OUTI, CHUNK: tl.constexpr):
+        pid = tl.program_id(0)
+        row = (pid // NCH).to(tl.int64)
+        ch = pid % NCH
+        bia = tl.load(BIA + row * 2 + 1).to(tl.int32).to(tl.float32, bitcast=True)
+        mb = tl.load(PF + pid.to(tl.int64) * 8 + 1)
+        if mb >= bia.to(tl.float64):  # only here can a token beat (or tie below) the reference argmax
+            kia = tl.load(BIA + row * 2)
+            offs = ch * CHUNK + tl.arange(0, CHUNK)
+            b = tl.load(B + row * stride_b + offs, mask=offs < V, other=float("-inf"))
+            n = tl.sum((_key(b, offs) > kia).to(tl.int32), axis=0)
+            if n > 0:
+                tl.atomic_add(OUTI + row * 3 + 2, n)
+
+
+def exp64(x: torch.Tensor, variant: int = 1) -> torch.Tensor:
+    """The kernel's float64 exps on their own (x <= 0), for tests: 1 = ``_exp64``, 2 = ``_exp64t``
+    (which takes -700 <= x)."""
+    x = x.contiguous()
+    y = torch.empty_like(x)
+    _exp64_kernel[(triton.cdiv(x.numel(), 1024),)](x, y, x.numel(), BLOCK=1024, VARIANT=variant)
+    return y
+
+
+if triton is not None:
+
+    @triton.jit
+    def _exp64_kernel(X, Y, N, BLOCK: tl.constexpr, VARIANT: tl.constexpr):
+        o = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+        m = o < N
+        x = tl.load(X + o, mask=m, other=0.0)
+        if VARIANT == 2:
+            y = _exp64t(x)
+        else:
+            y = _exp64(x)
+        tl.store(Y + o, y, mask=m)
+
+
+def score_rows(ref: torch.Tensor, cand: torch.Tensor, targets: torch.Tensor, *, chunk: int = 2048,
+               num_warps: int = 4, fast_exp: int = 0
+               ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Score float32 ``[n, V]`` rows on the GPU; same returns as :func:`fideval.score.torch_kernel.score_rows`.
+
+    ``chunk``/``num_warps`` set the work per program of the partial-sums kernel; ``fast_exp`` picks the
+    float64 exp: 0 libdevice's, 1 :func:`_exp64`, 2 :func:`_exp64t` (all within ~2 ulp; bench/RESULTS.md).
+    """
+    if triton is None:
+        raise RuntimeError("triton is not installed")
+    n, vocab = ref.shape
+    if cand.shape != ref.shape:
+        raise ValueError(f"shapes differ: {tuple(ref.shape)} vs {tuple(cand.shape)}")
+    if ref.stride(1) != 1 or cand.stride(1) != 1:
+        ref, cand = ref.contiguous(), cand.contiguous()
+    dev = ref.device
+    nch = triton.cdiv(vocab, chunk)
+    pf = torch.empty((n * nch, NPF), dtype=torch.float64, device=dev)
+    pk = torch.empty((n * nch,), dtype=torch.int32, device=dev)
+    figs = torch.empty((n, 7), dtype=torch.float64, device=dev)
+    outi = torch.empty((n, 3), dtype=torch.int32, device=dev)
+    bia = torch.empty((n, 2), dtype=torch.int64, device=dev)
+    t = targets.to(device=dev, dtype=torch.int64).contiguous()
+    if n:
+        _partials[(n * nch,)](ref, cand, ref.stride(0), cand.stride(0), vocab, nch, pf, pk,
+                              CHUNK=chunk, FAST_EXP=int(fast_exp), num_warps=num_warps)
+        _combine[(n,)](pf, pk, ref, cand, ref.stride(0), cand.stride(0), t, figs, outi, bia, nch,
+                       NCH_P2=triton.next_power_of_2(nch), num_warps=1)
+        # the rank pass re-reads candidate chunks at the partials' granularity (their maxima decide)
+        _rank[(n * nch,)](cand, cand.stride(0), vocab, nch, pf, bia, outi, CHUNK=chunk, num_warps=num_warps)
+    rank = outi[:, 2]
+    flags = torch.stack([rank < 1, rank < 5, rank < 10, outi[:, 0] != 0], dim=1)
+    return figs, flags, outi[:, 1] != 0

@@ -1,0 +1,195 @@
+"""The scorers (numpy reference, torch fallback, Triton kernel) against an oracle written here from scipy.
+
+The oracle takes the textbook route -- scipy's log_softmax, rel_entr, entr, and a full lexicographic sort
+for top-k -- so it shares no formula with the scorers (which work from row maxima and sum ratios). The
+Triton cases are marked ``gpu`` and skip without CUDA; they run the very same checks on the device.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+from scipy.special import entr, log_softmax, rel_entr
+
+from fideval.score import reference, torch_kernel, triton_kernel
+from fideval.score.metrics import FIGURES, FLAGS, max_rel_diff, rel_diff
+
+GPU = pytest.mark.skipif(not triton_kernel.available(), reason="needs CUDA and triton")
+BACKENDS = ["reference", "torch", "torch-blocked",
+            pytest.param("triton", marks=[pytest.mark.gpu, GPU]),
+            pytest.param("triton-big", marks=[pytest.mark.gpu, GPU]),
+            pytest.param("triton-fma", marks=[pytest.mark.gpu, GPU]),
+            pytest.param("triton-select", marks=[pytest.mark.gpu, GPU]),
+            pytest.param("triton-small", marks=[pytest.mark.gpu, GPU])]
+
+
+def oracle(a: np.ndarray, b: np.ndarray, t: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    figs, flags = [], []
+    for r in range(len(t)):
+        x, y = a[r].astype(np.float64), b[r].astype(np.float64)
+        lp, lq = log_softmax(x), log_softmax(y)
+        p, q = np.exp(lp), np.exp(lq)
+        k = int(t[r])
+        figs.append([rel_entr(p, q).sum(), rel_entr(q, p).sum(), -lp[k], -lq[k], q[k] - p[k], entr(p).sum(), p.max()])
+        ia = int(np.flatnonzero(x == x.max())[0])
+        order = np.lexsort((np.arange(len(y)), -y))  # logit descending, then index ascending
+        pos = int(np.flatnonzero(order == ia)[0])
+        flags.append([pos < 1, pos < 5, pos < 10, ia == k])
+    return np.array(figs), np.array(flags, dtype=bool)
+
+
+def run(backend: str, a: np.ndarray, b: np.ndarray, t: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    if backend == "reference":
+        figs, flags = reference.score_rows(a, b, t)
+        return figs, flags, reference.nonfinite_rows(a) | reference.nonfinite_rows(b)
+    ta, tb, tt = torch.from_numpy(a), torch.from_numpy(b), torch.from_numpy(t.astype(np.int64))
+    if backend.startswith("torch"):
+        out = torch_kernel.score_rows(ta, tb, tt, budget_bytes=1 if backend == "torch-blocked" else 1 << 28)
+    else:
+        kw = {"big": {"chunk": 4096, "num_warps": 8}, "small": {"chunk": 256, "num_warps": 2},
+              "fma": {"fast_exp": 1}, "select": {"fast_exp": 2}}.get(backend.partition("-")[2], {})
+        out = triton_kernel.score_rows(ta.cuda(), tb.cuda(), tt.cuda(), **kw)
+    return tuple(x.cpu().numpy() for x in out)
+
+
+def assert_close(figs, flags, ref_figs, ref_flags, atol=1e-13, rtol=1e-10):
+    for j, name in enumerate(FIGURES):
+        np.testing.assert_allclose(figs[:, j], ref_figs[:, j], rtol=rtol, atol=atol, err_msg=name)
+    for j, name in enumerate(FLAGS):
+        np.testing.assert_array_equal(flags[:, j], ref_flags[:, j], err_msg=name)
+
+
+def realistic(rng, n, vocab, noise):
+    """LLM-like rows: a broad bulk and a few tokens far above it; candidate = reference + noise."""
+    a = rng.standard_normal((n, vocab)).astype(np.float32) * 2.5
+    a[np.arange(n)[:, None], rng.integers(0, vocab, (n, 3))] += rng.uniform(8, 20, (n, 3)).astype(np.float32)
+    b = (a + rng.standard_normal((n, vocab)).astype(np.float32) * noise).astype(np.float32)
+    return a, b, rng.integers(0, vocab, n)
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.parametrize("vocab", [1000, 4097, 5003])  # not multiples of any kernel block
+def test_random_rows_match_oracle(backend, vocab):
+    rng = np.random.default_rng(vocab)
+    a, b, t = realistic(rng, 7, vocab, 0.3)
+    b[3] = rng.standard_normal(vocab).astype(np.float32) * 4  # an unrelated candidate: large KLD, top-1 miss
+    t[:2] = np.argmax(a[:2], axis=1)  # some rows where the reference is right
+    figs, flags, bad = run(backend, a, b, t)
+    assert not bad.any()
+    assert_close(figs, flags, *oracle(a, b, t))
+    assert flags[:2, 3].all() and figs[3, 0] > 1
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_agrees_with_reference_to_check_tolerance_at_full_vocab(backend):
+    rng = np.random.default_rng(5)
+    a, b, t = realistic(rng, 4, 129_280, 0.05)
+    figs, flags, _ = run(backend, a, b, t)
+    d, where = max_rel_diff(figs, flags, *reference.score_rows(a, b, t))
+    assert d <= 2e-12, (d, where)
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_identical_rows_give_exactly_zero(backend):
+    rng = np.random.default_rng(1)
+    a, _, t = realistic(rng, 5, 3001, 0.0)
+    a[4, ::2] = -np.inf
+    figs, flags, _ = run(backend, a, a.copy(), t)
+    assert (figs[:, 0] == 0).all() and (figs[:, 1] == 0).all() and (figs[:, 4] == 0).all()
+    assert (figs[:, 2] == figs[:, 3]).all() and flags[:, :3].all()
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_extreme_logits(backend):
+    """Logits of +-1e4: float64 must not overflow; the oracle's log_softmax loses ~1e-12 absolute there."""
+    rng = np.random.default_rng(2)
+    vocab = 2050
+    a = rng.choice(np.array([-1e4, 1e4], np.float32), (4, vocab)) + rng.standard_normal((4, vocab)).astype(np.float32)
+    b = (a + rng.standard_normal((4, vocab)).astype(np.float32) * 2).astype(np.float32)
+    a[3] = -1e4
+    a[3, 17] = 1e4  # one token 2e4 above the rest: p = 1 - 2049 * exp(-2e4) = 1 exactly
+    t = np.array([0, 1, 2, 17])
+    figs, flags, bad = run(backend, a, b, t)
+    assert np.isfinite(figs).all() and not bad.any()
+    of, ofl = oracle(a, b, t)
+    # row 3: exp(-2e4) underflows, so rel_entr(q, p) sees p = 0 and says inf; the true reverse KLD is
+    # finite (~2e4 nats) and the log-space sum gives it
+    lp, lq = log_softmax(a[3].astype(np.float64)), log_softmax(b[3].astype(np.float64))
+    assert of[3, 1] == np.inf
+    of[3, 1] = np.sum(np.exp(lq) * (lq - lp))
+    assert_close(figs, flags, of, ofl, atol=1e-8, rtol=1e-8)
+    assert figs[3, 2] == 0 and figs[3, 5] == 0 and figs[3, 6] == 1 and flags[3, 3]
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_minus_inf_entries_and_one_hot_rows(backend):
+    rng = np.random.default_rng(3)
+    vocab = 1500
+    a, b, t = realistic(rng, 4, vocab, 0.2)
+    a[0, ::3] = -np.inf  # masked tokens in the reference: p = 0, contribute nothing
+    b[0, ::3] = -np.inf
+    a[1] = -np.inf
+    a[1, 700] = 3.0  # one-hot reference: entropy 0, p1 1
+    b[2, 5::7] = -np.inf  # candidate masks tokens the reference gives mass: KLD is +inf, reverse KLD finite
+    t[0] = 3  # a masked realized token: infinite NLL
+    t[1] = 700
+    figs, flags, bad = run(backend, a, b, t)
+    assert not bad.any()
+    of, ofl = oracle(a, b, t)
+    assert_close(figs, flags, of, ofl)
+    assert figs[0, 2] == np.inf and figs[2, 0] == np.inf and np.isfinite(figs[2, 1])
+    assert figs[1, 5] == 0 and figs[1, 6] == 1 and flags[1, 3]
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_ties_follow_the_lowest_index_rule(backend):
+    vocab = 600
+    a = np.zeros((3, vocab), np.float32)
+    b = np.zeros((3, vocab), np.float32)
+    a[:, 10] = a[:, 20] = 5.0  # reference argmax is 10 (lowest index among equals)
+    b[0, 10] = b[0, 20] = 5.0  # candidate ties too: argmax 10 -> top-1 agrees
+    b[1, 20] = 5.0
+    b[1, 10] = 4.0  # 20 beats 10: rank 1, top-5 but not top-1
+    b[2, [1, 2, 3, 4, 5]] = 1.0
+    b[2, 10] = 1.0
+    b[2, 0] = -0.0  # equal logits at lower indices push 10 to rank 5: outside the top-5, inside the top-10
+    t = np.array([10, 10, 10])
+    figs, flags, _ = run(backend, a, b, t)
+    np.testing.assert_array_equal(flags, [[1, 1, 1, 1], [0, 1, 1, 1], [0, 0, 1, 1]])
+    np.testing.assert_array_equal(flags, oracle(a, b, t)[1])
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_one_row_and_nonfinite_flags(backend):
+    rng = np.random.default_rng(4)
+    a, b, t = realistic(rng, 1, 777, 0.1)
+    figs, flags, bad = run(backend, a, b, t)
+    assert_close(figs, flags, *oracle(a, b, t))
+    a2, b2, t2 = realistic(rng, 4, 777, 0.1)
+    a2[0, 5] = np.nan
+    b2[1, 6] = np.inf
+    b2[2] = -np.inf
+    _, _, bad = run(backend, a2, b2, t2)
+    np.testing.assert_array_equal(bad, [True, True, True, False])
+
+
+def test_rel_diff_floor_and_infinities():
+    assert rel_diff(np.float64(1e-6 + 1e-15), np.float64(1e-6), 1e-2) == pytest.approx(1e-13)
+    assert rel_diff(np.float64(2.0), np.float64(1.0), 1e-2) == 1.0
+    assert rel_diff(np.inf, np.inf, 1e-2) == 0 and rel_diff(np.inf, 1.0, 1e-2) == np.inf
+
+
+@pytest.mark.gpu
+@GPU
+def test_fma_exp_matches_numpy():
+    """The kernel's FMA-polynomial exp: within 2 ulp of numpy's on [-708, 0]; 0 below -708.4 (subnormal range)."""
+    rng = np.random.default_rng(6)
+    x = np.concatenate([-rng.exponential(3.0, 200_000), rng.uniform(-708, 0, 200_000), [0.0, -0.0, -1e-300, -708.0]])
+    y = triton_kernel.exp64(torch.from_numpy(x).cuda()).cpu().numpy()
+    np.testing.assert_allclose(y, np.exp(x), rtol=4.5e-16, atol=0)
+    z = triton_kernel.exp64(torch.tensor([-709.0, -745.0, -1e4, -np.inf], dtype=torch.float64).cuda()).cpu().numpy()
+    assert (z == 0).all()
+    x2 = x[x >= -700]
+    y2 = triton_kernel.exp64(torch.from_numpy(x2).cuda(), variant=2).cpu().numpy()
+    np.testing.assert_allclose(y2, np.exp(x2), rtol=4.5e-16, atol=0)

@@ -1,0 +1,160 @@
+"""``fideval score`` end to end on tiny stores made with StoreWriter: records, score.json, and every refusal."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+import numpy as np
+import pyarrow.parquet as pq
+import pytest
+import torch
+from scipy.special import log_softmax, rel_entr
+from typer.testing import CliRunner
+
+from fideval.cli import app
+from fideval.errors import FidevalError
+from fideval.fsio import sha256_file
+from fideval.score import run as score_run
+from fideval.score.metrics import COLUMNS
+from fideval.store import StoreReader, StoreWriter
+
+VOCAB = 300
+LENGTHS = {"code-000.c0": 9, "code-000.c1": 9, "prose-000.c0": 2}  # the last: a one-row shard
+
+
+def _meta(vocab=VOCAB):
+    return {"model_id": "toy/teacher", "model_revision": "0" * 40, "tokenizer_sha256": "a" * 64,
+            "vocab_size": vocab, "kind": "logits"}
+
+
+def _make(root, logits_of, tokens_of, vocab=VOCAB):
+    w = StoreWriter(root, _meta(vocab))
+    for sid in LENGTHS:
+        w.write(sid, logits_of[sid], tokens_of[sid], window_id=sid.split(".c")[0], domain=sid.split("-")[0])
+    w.finish()
+    return root
+
+
+@pytest.fixture()
+def stores(tmp_path):
+    rng = np.random.default_rng(0)
+    tokens = {s: rng.integers(0, VOCAB, n).astype(np.int32) for s, n in LENGTHS.items()}
+    ref = {s: (rng.standard_normal((n, VOCAB)) * 3).astype(np.float32) for s, n in LENGTHS.items()}
+    cand = {s: (x + rng.standard_normal(x.shape).astype(np.float32) * 0.2).astype(np.float32) for s, x in ref.items()}
+    return dict(teacher=_make(tmp_path / "teacher", ref, tokens), candidate=_make(tmp_path / "cand", cand, tokens),
+                ref=ref, cand=cand, tokens=tokens, tmp=tmp_path)
+
+
+def _invoke(*args):
+    return CliRunner().invoke(app, ["score", *map(str, args)])
+
+
+def test_cli_scores_a_candidate_store(stores):
+    out = stores["tmp"] / "records"
+    res = _invoke("--teacher", stores["teacher"], "--candidate", stores["candidate"], "--out", out,
+                  "--cpu-check-every", 3, "--device", "cpu", "--name", "q4")
+    assert res.exit_code == 0, res.output
+    table = pq.read_table(out / "records.parquet")
+    assert [(f.name, str(f.type)) for f in table.schema] == [(n, {"string": "string", "int32": "int32", "float64": "double",
+                                                               "bool": "bool"}[k]) for n, k in COLUMNS]
+    assert pq.ParquetFile(out / "records.parquet").num_row_groups == len(LENGTHS)  # one per shard
+    df = table.to_pandas()
+    assert len(df) == sum(n - 1 for n in LENGTHS.values())
+    for _, row in df.sample(6, random_state=0).iterrows():
+        sid, r = row.seq_id, row.position
+        lp = log_softmax(stores["ref"][sid][r].astype(np.float64))
+        lq = log_softmax(stores["cand"][sid][r].astype(np.float64))
+        assert row.token == stores["tokens"][sid][r + 1] and row.length == LENGTHS[sid]
+        assert row.kld == pytest.approx(rel_entr(np.exp(lp), np.exp(lq)).sum(), rel=1e-10, abs=1e-14)
+        assert row.nll_ref == pytest.approx(-lp[row.token], rel=1e-12)
+        assert row.top1 == (np.argmax(lp) == np.argmax(lq)) and row.ref_correct == (np.argmax(lp) == row.token)
+        assert row.window_id == sid.split(".c")[0] and row.candidate == "q4" and row.path == "store"
+    s = json.loads((out / "score.json").read_text())
+    assert s["format"] == "fideval.score" and s["version"] == 1 and s["rows"] == len(df) and s["length"] is None
+    assert s["teacher"]["manifest_sha256"] == sha256_file(stores["teacher"] / "manifest.json")
+    # run rows 0, 3, 6, 9, 12, 15 (global count) plus each shard's first and last: {0,3,6,7} {8,9,12,15} {16}
+    assert s["cpu_check"]["rows_checked"] == 9 and 0 < s["cpu_check"]["max_rel_diff"] <= 2e-12
+    assert s["kernel"] == "torch" and s["device"] == "cpu" and s["nonfinite_rows"] == 0 and s["self_check"] is None
+
+
+def test_self_check_alone_and_before_a_candidate(stores):
+    out = stores["tmp"] / "self"
+    res = _invoke("--teacher", stores["teacher"], "--self-check", "--out", out, "--device", "cpu")
+    assert res.exit_code == 0, res.output
+    df = pq.read_table(out / "records.parquet").to_pandas()
+    assert (df.kld == 0).all() and (df.rkld == 0).all() and df.top1.all() and (df.dp == 0).all()
+    s = json.loads((out / "score.json").read_text())
+    assert s["self_check"] == {"max_kld": 0.0, "top1": 1.0, "rows": len(df)}
+    out2 = stores["tmp"] / "both"
+    res = _invoke("--teacher", stores["teacher"], "--candidate", stores["candidate"], "--self-check", "--out", out2)
+    assert res.exit_code == 0, res.output
+    s2 = json.loads((out2 / "score.json").read_text())
+    assert s2["self_check"]["max_kld"] == 0.0 and s2["rows"] == len(df)
+    assert pq.read_table(out2 / "records.parquet").column("kld").to_numpy().min() > 0
+
+
+def test_vocab_mismatch_is_one_line_before_scoring(stores):
+    rng = np.random.default_rng(1)
+    wide = _make(stores["tmp"] / "wide", {s: rng.standard_normal((n, VOCAB + 1)).astype(np.float32) for s, n in LENGTHS.items()},
+                 stores["tokens"], vocab=VOCAB + 1)
+    out = stores["tmp"] / "r"
+    proc = subprocess.run([sys.executable, "-m", "fideval.cli", "score", "--teacher", str(stores["teacher"]),
+                           "--candidate", str(wide), "--out", str(out)], capture_output=True, text=True)
+    assert proc.returncode == 2
+    assert proc.stderr.count("\n") == 1 and "vocab_size 301 differs from the teacher's 300" in proc.stderr
+    assert not out.exists()
+
+
+def test_token_mismatch_names_the_shard(stores):
+    tokens = {s: t.copy() for s, t in stores["tokens"].items()}
+    tokens["code-000.c1"][4] += 1
+    other = _make(stores["tmp"] / "other", stores["cand"], tokens)
+    res = _invoke("--teacher", stores["teacher"], "--candidate", other, "--out", stores["tmp"] / "r")
+    assert isinstance(res.exception, FidevalError)
+    assert "shard code-000.c1: candidate token ids differ from the teacher's (first at position 4)" in str(res.exception)
+    assert not (stores["tmp"] / "r" / "records.parquet").exists()
+
+
+def _runner_like(stores, nan_at=None):
+    """What fideval.model.runner.iter_logits yields: (seq_id, float32 [L, V]) with all L rows."""
+    for sid in LENGTHS:
+        x = torch.from_numpy(stores["cand"][sid].copy())
+        if nan_at and nan_at[0] == sid:
+            x[nan_at[1], 7] = float("nan")
+        yield sid, x
+
+
+def test_iterator_candidates_and_nonfinite_rows(stores):
+    teacher = StoreReader(stores["teacher"])
+    out = stores["tmp"] / "it"
+    s = score_run.score_candidate(teacher, _runner_like(stores), candidate="q4", path="serving", out_dir=out, device="cpu",
+                                  cpu_check_every=1)
+    assert s["rows"] == 17 and s["cpu_check"]["rows_checked"] == 17 and s["path"] == "serving"
+    with pytest.raises(FidevalError, match=r"shard code-000\.c1: row 5 .*NaN"):
+        score_run.score_candidate(teacher, _runner_like(stores, ("code-000.c1", 5)), candidate="q4", path="serving",
+                                  out_dir=stores["tmp"] / "bad", device="cpu")
+    assert not (stores["tmp"] / "bad" / "records.parquet").exists()
+    s = score_run.score_candidate(teacher, _runner_like(stores, ("code-000.c1", 5)), candidate="q4", path="serving",
+                                  out_dir=stores["tmp"] / "skip", device="cpu", on_nonfinite="skip")
+    df = pq.read_table(stores["tmp"] / "skip" / "records.parquet").to_pandas()
+    assert s["nonfinite_rows"] == 1 and len(df) == 16 and 5 not in df[df.seq_id == "code-000.c1"].position.values
+    with pytest.raises(FidevalError, match="does not match the teacher's vocab 300"):
+        score_run.score_candidate(teacher, iter([("code-000.c0", torch.zeros(9, 299))]), candidate="x", path="serving",
+                                  out_dir=stores["tmp"] / "v", device="cpu")
+
+
+def test_cpu_check_failure_fails_loudly_and_writes_nothing(stores, monkeypatch):
+    real = score_run.score_tensors
+
+    def off_by_a_little(ref, cand, targets, kernel):
+        figs, flags, bad = real(ref, cand, targets, kernel)
+        figs[:, 0] *= 1 + 1e-10  # a kernel bug far below what any test of the mean would see
+        return figs, flags, bad
+
+    monkeypatch.setattr(score_run, "score_tensors", off_by_a_little)
+    with pytest.raises(FidevalError, match="CPU check failed: kld differs from the float64 reference"):
+        score_run.score_candidate(StoreReader(stores["teacher"]), _runner_like(stores), candidate="q4", path="serving",
+                                  out_dir=stores["tmp"] / "f", device="cpu")
+    assert not (stores["tmp"] / "f").exists() or not any((stores["tmp"] / "f").iterdir())
