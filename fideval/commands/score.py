@@ -13,7 +13,8 @@ def register(app: typer.Typer) -> None:
     @app.command()
     def score(
         teacher: str = typer.Option(..., "--teacher", help="teacher logit store: a folder or hf://datasets/ORG/NAME@REV/sub"),
-        candidate: str = typer.Option(None, "--candidate", help="candidate logit store (folder or hf://...)"),
+        candidate: str = typer.Option(None, "--candidate", help="candidate logit store (folder or hf://...); with --config, a candidate name from the config"),
+        config: Path = typer.Option(None, "--config", help="run the config's candidate through the layer-by-layer runner instead of reading a store"),
         out: Path = typer.Option(..., "--out", help="records folder: records.parquet + score.json"),
         name: str = typer.Option(None, "--name", help="candidate name in the records (default: the store's folder name)"),
         path: str = typer.Option("store", "--path", help="records 'path' column: serving, weights-only or store"),
@@ -36,7 +37,20 @@ def register(app: typer.Typer) -> None:
         if candidate is None and not self_check:
             raise FidevalError("give --candidate STORE (or --self-check to score the teacher against itself)")
         t = StoreReader(resolve_store(teacher))
-        if candidate is None:
+        extra = None
+        if config is not None:
+            from fideval.candidate import emulated
+            from fideval.config import load_config
+
+            cfg = load_config(config)
+            if candidate is None or path == "store":
+                raise FidevalError("with --config give --candidate NAME and --path serving|weights-only",
+                                   hint="names and paths are in the config's candidates")
+            run = emulated(cfg, candidate, path, t, device)
+            items, label, first, extra = run.logits, candidate, self_check, run.info
+            cpu_check_every = cfg.score.cpu_check_every if cpu_check_every == 1000 else cpu_check_every
+            on_nonfinite = cfg.score.on_nonfinite if on_nonfinite == "fail" else on_nonfinite
+        elif candidate is None:
             items = teacher_candidates(t, t.seq_ids)
             label, first = name or "self", False
         else:
@@ -51,9 +65,13 @@ def register(app: typer.Typer) -> None:
             dev, _ = pick(device, kernel)
             items = store_candidates(c, t.seq_ids, device=dev if dev.type == "cuda" else None)
             label, first = name or Path(str(candidate).rstrip("/")).name, self_check
-        summary = score_candidate(t, items, candidate=label, path=path, out_dir=out, device=device,
-                                  cpu_check_every=cpu_check_every, cpu_check_tolerance=tolerance,
-                                  on_nonfinite=on_nonfinite, kernel=kernel, self_check_first=first, teacher_spec=teacher,
-                                  candidate_is_teacher=candidate is None)
+        from fideval.lock import output_lock
+
+        with output_lock(out, "score"):
+            summary = score_candidate(t, items, candidate=label, path=path, out_dir=out, device=device,
+                                      cpu_check_every=cpu_check_every, cpu_check_tolerance=tolerance,
+                                      on_nonfinite=on_nonfinite, kernel=kernel, self_check_first=first,
+                                      teacher_spec=teacher, candidate_is_teacher=candidate is None and config is None,
+                                      candidate_info=extra)
         typer.echo(f"{out}: {summary['rows']:,} rows scored with {summary['kernel']} on {summary['device']}; "
                    f"CPU check {summary['cpu_check']['rows_checked']} rows, max rel diff {summary['cpu_check']['max_rel_diff']:.2g}")

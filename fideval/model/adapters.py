@@ -104,7 +104,7 @@ class Adapter:
 
         package, prefix, sliding = ARCHS[arch]
         try:
-            config = AutoConfig.from_pretrained(str(ckpt.dir))
+            config = AutoConfig.from_pretrained(str(getattr(ckpt, "config_dir", ckpt.dir)))  # a real build: the reference's
         except Exception as e:  # transformers raises many types for a bad config
             raise FidevalError(f"{ckpt.dir / 'config.json'}: transformers cannot build the config ({type(e).__name__}: {str(e)[:120]})",
                                hint="check config.json") from None

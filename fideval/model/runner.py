@@ -157,11 +157,12 @@ class Runner:
                  host_budget_bytes: int | None = None, device_budget_bytes: int | None = None,
                  rank: int = 0, world: int = 1, group=None, prefetch: bool = True, ledger: Ledger | None = None,
                  attn_implementation: str | None = None, experts_implementation: str | None = None,
-                 mlp_tokens: int | None = None, profile: bool = False):
+                 mlp_tokens: int | None = None, profile: bool = False, checkpoint=None):
         determinism.configure()
         self.device = resolve_device(device)
         self.dtype = dtype
-        self.ckpt = Checkpoint(model_dir)
+        # checkpoint: a real quantized build (fideval.model.quantized) standing in for model_dir's weights
+        self.ckpt = checkpoint if checkpoint is not None else Checkpoint(model_dir)
         self.adapter = Adapter.load(self.ckpt, attn_implementation)
         if experts_implementation:
             self.adapter.config._experts_implementation = experts_implementation

@@ -194,7 +194,7 @@ def score_candidate(teacher: Any, candidate_iter: Iterable[tuple], *, candidate:
                     device: str = "auto", cpu_check_every: int = 1000, cpu_check_tolerance: float = 2e-12,
                     on_nonfinite: str = "fail", kernel: str = "auto", self_check_first: bool = False,
                     teacher_spec: str | None = None, total_rows: int | None = None,
-                    candidate_is_teacher: bool = False) -> dict[str, Any]:
+                    candidate_is_teacher: bool = False, candidate_info: dict[str, Any] | None = None) -> dict[str, Any]:
     """Score every item of ``candidate_iter`` against ``teacher`` (a StoreReader); write the records.
 
     ``candidate_iter`` yields ``(seq_id, logits float32 [rows, V])`` (a model run: row i predicts token
@@ -204,6 +204,7 @@ def score_candidate(teacher: Any, candidate_iter: Iterable[tuple], *, candidate:
     ``self_check_first`` scores the teacher against itself before the candidate;
     ``candidate_is_teacher`` says the candidate IS the teacher (the run is the self-check). Either way
     ``self_check`` in score.json holds ``{max_kld, top1, rows}`` and a non-exact result fails the run.
+    ``candidate_info`` (quant spec, bits per weight, source) is recorded as score.json's ``candidate_info``.
     """
     if on_nonfinite not in ("fail", "skip"):
         raise FidevalError(f"--on-nonfinite {on_nonfinite!r}: expected 'fail' or 'skip'")
@@ -232,7 +233,7 @@ def score_candidate(teacher: Any, candidate_iter: Iterable[tuple], *, candidate:
                       "every": cpu_check_every, "worst": run.worst_at or None},
         "self_check": checked_self, "nonfinite_rows": run.nonfinite, "on_nonfinite": on_nonfinite,
         "device": torch.cuda.get_device_name(dev) if dev.type == "cuda" else "cpu", "kernel": kernel,
-        "figures": list(FIGURES), "records": "records.parquet",
+        "figures": list(FIGURES), "records": "records.parquet", "candidate_info": candidate_info,
     }
     try:
         from fideval.provenance import tool_block
