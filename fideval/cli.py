@@ -24,6 +24,12 @@ app = typer.Typer(
 # Each module defines ``register(app)``; the order is the order of the pipeline.
 COMMAND_MODULES = [
     "fideval.commands.config_cmd",
+    "fideval.commands.windows",
+    "fideval.commands.teacher",
+    "fideval.commands.store",
+    "fideval.commands.quant",
+    "fideval.commands.score",
+    "fideval.commands.report",
 ]
 
 

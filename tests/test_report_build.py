@@ -199,7 +199,8 @@ def test_deterministic_bytes(demo, tmp_path, capsys):
             "300",
         )
         assert code == 0, err
-        hashes.append({p.name: hashlib.sha256(p.read_bytes()).hexdigest() for p in sorted(out.iterdir())})
+        hashes.append({p.relative_to(out).as_posix(): hashlib.sha256(p.read_bytes()).hexdigest()
+                       for p in sorted(out.rglob("*")) if p.is_file()})
     assert hashes[0] == hashes[1]
     assert "report.json" in hashes[0] and sum(n.endswith(".png") for n in hashes[0]) == 12
 

@@ -15,6 +15,8 @@ A check whose input is absent has status "not_run" (not a failure).
 
 from __future__ import annotations
 
+import json
+
 from typing import Any
 
 import numpy as np
@@ -63,12 +65,20 @@ def self_score(sets: list[RecordSet], self_sets: list[RecordSet]) -> dict[str, A
     )
 
 
+def _canaries(meta: dict[str, Any]) -> list[dict[str, Any]]:
+    """A manifest's canary verdicts: one dict, a list of them (one per length), or either as JSON text."""
+    c = meta.get("canary")
+    if isinstance(c, str):
+        try:
+            c = json.loads(c)
+        except ValueError:
+            return []
+    items = c if isinstance(c, list) else [c]
+    return [x for x in items if isinstance(x, dict) and "identical" in x]
+
+
 def canary(manifests: list[dict[str, Any]]) -> dict[str, Any]:
-    found = [
-        (m["file"], m["meta"]["canary"])
-        for m in manifests
-        if isinstance(m["meta"].get("canary"), dict) and "identical" in m["meta"]["canary"]
-    ]
+    found = [(m["file"], c) for m in manifests for c in _canaries(m["meta"])]
     if not found:
         return _check("canary_identical", "not_run", "no teacher manifest with a canary given")
     bad = [f for f, c in found if c["identical"] is not True]

@@ -1,4 +1,4 @@
-"""Report plots (matplotlib, Agg, PNG) written beside report.json and linked from the card.
+"""Report plots (matplotlib, Agg, PNG) written to plots/ beside report.json and linked from the card.
 
 Per records set (candidate, path, length):
   ``kld-cdf-*.png``         empirical CDF of per-token KLD per domain on a log x axis — where the mean hides
@@ -103,6 +103,7 @@ def top1_confidence(f: SetFigures, path: Path) -> None:
     _save(fig, path)
 
 
+PLOTS_DIR = "plots"  # one folder, so the workflow can declare it as an output for `snakemake --report`
 PLOTS = (("kld-cdf", kld_cdf), ("kld-position", kld_position), ("top1-confidence", top1_confidence))
 
 
@@ -114,11 +115,12 @@ def write_plots(figures: list[SetFigures], out_dir: str | Path) -> list[dict[str
     import matplotlib.pyplot as plt
 
     out = Path(out_dir)
+    (out / PLOTS_DIR).mkdir(parents=True, exist_ok=True)
     listed = []
     with plt.rc_context({"font.size": 9}):
         for f in figures:
             for kind, fn in PLOTS:
-                name = f"{kind}-{_stem(f)}.png"
+                name = f"{PLOTS_DIR}/{kind}-{_stem(f)}.png"
                 fn(f, out / name)
                 listed.append(
                     {

@@ -24,6 +24,7 @@ DOMAINS = [d.name for d in CFG.domains]
 KINDS = list(CFG.teacher.lengths)
 CANDIDATES = {c.name: list(c.paths) for c in CFG.candidates}
 MP = CFG.teacher.model_parallel
+HEADLINE = CFG.candidates[0].name if CFG.candidates else "none"
 
 
 wildcard_constraints:
@@ -98,6 +99,7 @@ def teacher_manifests(run):
 def final_outputs():
     return [
         f"reports/{RUN}/report.json",
+        f"reports/{RUN}/plots",
         f"reports/{RUN}/README.md",
         f"reports/{RUN}/check.txt",
     ]

@@ -10,6 +10,12 @@ rule report:
         selfcheck=lambda w: [f"{d}/records.parquet" for d in selfcheck_dirs(w.run)],
     output:
         report="reports/{run}/report.json",
+        plots=report(
+            directory("reports/{run}/plots"),
+            patterns=["{name}.png"],
+            category="Fidelity",
+            caption="../report/plots.rst",
+        ),
     log:
         "logs/{run}/report.log",
     benchmark:
@@ -42,8 +48,11 @@ rule card:
     resources:
         mem_mb=1000,
         runtime=10,
+    params:
+        # The card is the headline build's (the first candidate); the others appear in its comparisons.
+        candidate=HEADLINE,
     shell:
-        "fideval card {input.report:q} --out {output.card:q} > {log:q} 2>&1"
+        "fideval card {input.report:q} --candidate {params.candidate:q} --out {output.card:q} > {log:q} 2>&1"
 
 
 rule check:

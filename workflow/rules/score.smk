@@ -16,7 +16,7 @@ rule score:
         "logs/{run}/score/{candidate}/{path}/{kind}/{domain}.log",
     benchmark:
         "benchmarks/{run}/score/{candidate}/{path}/{kind}/{domain}.tsv"
-    threads: 2
+    threads: 1
     resources:
         mem_mb=8000,
         runtime=240,

@@ -1,5 +1,6 @@
 # Stage 2: FP32 teacher logits of the reference model, one store per (length, domain).
 # One rule per length so that a deleted shard reruns only its own job and what reads it.
+# threads: 1 — each job is one single-threaded torch process; two run side by side on two cores.
 
 for _kind in ["windows", "cuts"]:
 
@@ -16,7 +17,7 @@ for _kind in ["windows", "cuts"]:
             f"logs/{{run}}/teacher/{_kind}/{{domain}}.log",
         benchmark:
             f"benchmarks/{{run}}/teacher/{_kind}/{{domain}}.tsv"
-        threads: 2
+        threads: 1
         resources:
             mem_mb=8000,
             runtime=240,
