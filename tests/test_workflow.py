@@ -18,7 +18,7 @@ def snakemake(*args: str, cwd: Path = ROOT) -> subprocess.CompletedProcess:
 @pytest.mark.parametrize("config", CONFIGS)
 @pytest.mark.parametrize("profile", PROFILES)
 def test_dry_run(config, profile, tmp_path):
-    r = snakemake("-n", "--configfile", f"configs/{config}", "--workflow-profile", f"workflow/profiles/{profile}",
+    r = snakemake("-n", "--forceall", "--configfile", f"configs/{config}", "--workflow-profile", f"workflow/profiles/{profile}",
                   "--directory", str(ROOT), "--quiet", "rules")
     assert r.returncode == 0, r.stderr[-2000:]
     for rule in ("windows", "teacher_windows", "score", "report", "card", "check"):

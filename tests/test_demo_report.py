@@ -1,0 +1,70 @@
+"""The committed demo report (reports/demo/) is what the current code produces.
+
+Re-running the whole demo takes minutes, so the test reproduces its three layers separately: the
+windows (every token SHA-256), one domain through teacher and candidate (its mean KLD and top-1 against
+the committed per-domain figures), and the card (byte-identical from the committed report.json).
+"""
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+DEMO = ROOT / "reports" / "demo"
+REPORT = json.loads((DEMO / "report.json").read_text())
+
+
+def fideval(*args: str, cwd: Path = ROOT) -> subprocess.CompletedProcess:
+    # One torch thread, as the workflow's model jobs run (threads: 1), so float sums keep their order.
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1"}
+    r = subprocess.run([sys.executable, "-m", "fideval", *args], cwd=cwd, capture_output=True, text=True,
+                       timeout=900, env=env)
+    assert r.returncode == 0, r.stderr[-3000:]
+    return r
+
+
+@pytest.fixture(scope="module")
+def windows(tmp_path_factory) -> Path:
+    out = tmp_path_factory.mktemp("demo") / "windows"
+    fideval("windows", "configs/demo.yaml", "--out", str(out))
+    return out
+
+
+def test_card_regenerates_byte_identical(tmp_path):
+    shutil.copy(DEMO / "report.json", tmp_path / "report.json")
+    fideval("card", str(tmp_path / "report.json"), "--candidate", "mxfp4", "--out", str(tmp_path / "README.md"))
+    assert (tmp_path / "README.md").read_bytes() == (DEMO / "README.md").read_bytes()
+
+
+def test_check_passes_on_the_committed_report():
+    r = fideval("check", str(DEMO / "report.json"), "--config", "configs/demo.yaml")
+    assert "ok" in r.stdout
+
+
+def test_windows_reproduce_every_token_sha256(windows):
+    built = json.loads((windows / "eval-windows.json").read_text())
+    got = {w["id"]: w["sha256"] for w in built["windows"]}
+    committed = {w["id"]: w["token_sha256"] for w in REPORT["provenance"]["dataset"]["windows"]}
+    assert len(committed) == 36 and got == committed
+
+
+@pytest.mark.slow
+def test_one_domain_reproduces_its_committed_figures(windows, tmp_path):
+    import polars as pl
+
+    store, records = tmp_path / "teacher", tmp_path / "records"
+    fideval("teacher", "--config", "configs/demo.yaml", "--windows", str(windows), "--kind", "cuts",
+            "--domain", "math", "--device", "cpu", "--out", str(store))
+    fideval("score", "--config", "configs/demo.yaml", "--candidate", "mxfp4", "--path", "weights-only",
+            "--teacher", str(store), "--device", "cpu", "--out", str(records))
+    df = pl.read_parquet(records / "records.parquet")
+    (result,) = [r for r in REPORT["results"] if (r["candidate"], r["path"], r["length"]) == ("mxfp4", "weights-only", 512)]
+    committed = result["domains"]["math"]
+    assert df.height == committed["rows"]
+    assert df["kld"].mean() == pytest.approx(committed["mean_kld"]["estimate"], rel=1e-6)
+    assert df["top1"].mean() == pytest.approx(committed["top1"]["estimate"], abs=2 / df.height)
