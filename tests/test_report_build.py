@@ -318,7 +318,8 @@ def test_config_gates_settings_and_provenance(demo, tmp_path, capsys):
     assert code == 0, err
     rep = json.loads((out / "report.json").read_text())
     assert rep["settings"]["resamples"] == 200 and rep["settings"]["seed"] == 5
-    assert rep["provenance"]["reference"] == {"model_id": "fideval/demo-moe", "model_revision": "0" * 40}
+    assert rep["provenance"]["reference"] == {"model_id": "fideval/demo-moe", "model_revision": "0" * 40,
+                                             "trust_remote_code": False}
     assert len(rep["provenance"]["config_hash"]) == 64
     assert rep["provenance"]["candidates"]["q4"]["quant"] == {"routed_experts": {"format": "mxfp4"}}
     code, _, err = cli(capsys, "check", str(out))

@@ -211,6 +211,8 @@ def _provenance(
             {"id": w, "domain": d, "token_sha256": None} for w, d in zip(clusters.ids, clusters.strata)
         ]
     base = (cfg.report.base_model or cfg.model.id) if cfg is not None else ref["model_id"]
+    if cfg is not None:  # running a checkpoint's own Python code is a provenance fact, not a detail
+        ref = {**ref, "trust_remote_code": cfg.model.trust_remote_code}
     return {
         "reference": ref,
         "base_model": base,
