@@ -85,6 +85,8 @@ def run_teacher(model_dir, windows_dir, out, *, kinds=KINDS, device="auto", dtyp
             "tokenizer_sha256": win_sha or model_sha or "unknown", "vocab_size": runner.vocab_size, "kind": "logits",
             "teacher": {"runner": "fideval.model.runner", "arch": runner.adapter.arch, "dtype": dtype,
                         "device": dev.type, "model_parallel": world, "micro_batch": micro_batch,
+                        # CPU float sums change order with the thread count: part of what makes logits reproducible
+                        "torch_threads": torch.get_num_threads() if dev.type == "cpu" else None,
                         "lm_head": "float32"}}
     writer = StoreWriter(out, meta) if rank == 0 else None
     seqs = [read_sequences(f).select_domains(domains) for f in folders]
