@@ -57,7 +57,8 @@ def main() -> None:
     ap.add_argument("--json", default=None)
     ap.add_argument("--configs", default="2048:4:0,2048:4:1,2048:4:2,4096:4:2,2048:2:2,1024:2:2,4096:8:2,1024:4:2,"
                     "2048:8:2,4096:4:0,1024:2:0",
-                    help="chunk:num_warps:exp (exp 0 = libdevice, 1 = FMA Taylor, 2 = select-tree table + FMA)")
+                    help="chunk:num_warps:exp[:lean] (exp 0 = libdevice, 1 = FMA Taylor, 2 = select-tree table + FMA, "
+                    "3 = degree-10 + exponent bits; lean G >= 1 = the lean partials kernel, G chunks per program)")
     args = ap.parse_args()
     n, V = args.rows, args.vocab
     dev = torch.device("cuda")
@@ -82,8 +83,8 @@ def main() -> None:
     ref_figs, ref_flags = reference.score_rows(a_np, b_np, t_np)
     best = None
     for cfg in args.configs.split(","):
-        chunk, warps, exp = cfg.split(":")
-        kw = dict(chunk=int(chunk), num_warps=int(warps), fast_exp=int(exp))
+        chunk, warps, exp, *lean = cfg.split(":")
+        kw = dict(chunk=int(chunk), num_warps=int(warps), fast_exp=int(exp), lean=int(lean[0]) if lean else 0)
         try:
             t0 = time.time()
             figs, flags, bad = triton_kernel.score_rows(a, b, t, **kw)
@@ -104,7 +105,7 @@ def main() -> None:
 
     if best:  # worst case for the rank pass: a candidate unrelated to its reference (top-1 rarely agrees)
         cfg = best[0].split(":")
-        kw = dict(chunk=int(cfg[0]), num_warps=int(cfg[1]), fast_exp=int(cfg[2]))
+        kw = dict(chunk=int(cfg[0]), num_warps=int(cfg[1]), fast_exp=int(cfg[2]), lean=int(cfg[3]) if len(cfg) > 3 else 0)
         noise = torch.randn(n, V, device=dev, generator=g) * 2.5
         sec = timed(lambda: triton_kernel.score_rows(a, noise, t, **kw), args.reps)
         rows_out.append((f"(a') triton {best[0]}, unrelated candidate", sec, n / sec, None, "rank pass re-reads most chunks"))

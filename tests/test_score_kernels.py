@@ -21,7 +21,10 @@ BACKENDS = ["reference", "torch", "torch-blocked",
             pytest.param("triton-big", marks=[pytest.mark.gpu, GPU]),
             pytest.param("triton-fma", marks=[pytest.mark.gpu, GPU]),
             pytest.param("triton-select", marks=[pytest.mark.gpu, GPU]),
-            pytest.param("triton-small", marks=[pytest.mark.gpu, GPU])]
+            pytest.param("triton-small", marks=[pytest.mark.gpu, GPU]),
+            pytest.param("triton-lean", marks=[pytest.mark.gpu, GPU]),
+            pytest.param("triton-leanlib", marks=[pytest.mark.gpu, GPU]),
+            pytest.param("triton-leanloop", marks=[pytest.mark.gpu, GPU])]
 
 
 def oracle(a: np.ndarray, b: np.ndarray, t: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
@@ -48,7 +51,10 @@ def run(backend: str, a: np.ndarray, b: np.ndarray, t: np.ndarray) -> tuple[np.n
         out = torch_kernel.score_rows(ta, tb, tt, budget_bytes=1 if backend == "torch-blocked" else 1 << 28)
     else:
         kw = {"big": {"chunk": 4096, "num_warps": 8}, "small": {"chunk": 256, "num_warps": 2},
-              "fma": {"fast_exp": 1}, "select": {"fast_exp": 2}}.get(backend.partition("-")[2], {})
+              "fma": {"fast_exp": 1}, "select": {"fast_exp": 2},
+              # the lean partials kernel: its own exp, libdevice's, and 4 chunks per program (prefetch loop)
+              "lean": {"fast_exp": 3, "lean": 1}, "leanlib": {"fast_exp": 0, "lean": 2, "chunk": 1024},
+              "leanloop": {"fast_exp": 3, "lean": 4, "chunk": 512, "num_warps": 2}}.get(backend.partition("-")[2], {})
         out = triton_kernel.score_rows(ta.cuda(), tb.cuda(), tt.cuda(), **kw)
     return tuple(x.cpu().numpy() for x in out)
 
@@ -193,3 +199,43 @@ def test_fma_exp_matches_numpy():
     x2 = x[x >= -700]
     y2 = triton_kernel.exp64(torch.from_numpy(x2).cuda(), variant=2).cpu().numpy()
     np.testing.assert_allclose(y2, np.exp(x2), rtol=4.5e-16, atol=0)
+
+
+@pytest.mark.gpu
+@GPU
+def test_lean_exp_matches_numpy():
+    """``_exp64m`` (degree-10 polynomial, exponent-bit scaling): within 4 ulp of numpy's on [-700, 0] (2 ulp
+    of the exact value, checked against mpmath with exact FMAs), and exactly 1 at 0 (identical rows and
+    one-hot rows depend on it)."""
+    rng = np.random.default_rng(7)
+    x = np.concatenate([-rng.exponential(3.0, 200_000), rng.uniform(-700, 0, 200_000),
+                        [0.0, -0.0, -1e-300, -700.0, -np.log(2) / 2, -np.log(2) * 1.5]])
+    x = x[x >= -700]
+    y = triton_kernel.exp64(torch.from_numpy(x).cuda(), variant=3).cpu().numpy()
+    np.testing.assert_allclose(y, np.exp(x), rtol=8.9e-16, atol=0)
+    assert y[np.flatnonzero(x == 0)[0]] == 1.0
+
+
+@pytest.mark.parametrize("backend", [pytest.param(b, marks=[pytest.mark.gpu, GPU])
+                                     for b in ("triton-lean", "triton-leanloop")])
+def test_lean_flags_at_chunk_and_program_edges(backend):
+    """The lean kernel reads its flags off the maxima: put each special value on the last token of a chunk,
+    of a row, and of a program's run of chunks, where a masked-lane or prefetch slip would show."""
+    rng = np.random.default_rng(8)
+    vocab = 5003
+    a, b, t = realistic(rng, 9, vocab, 0.2)
+    a[0, 511] = np.nan
+    b[1, 1023] = np.inf
+    b[2, vocab - 1] = -np.inf  # KL +inf, reverse finite
+    a[3, 2047] = -np.inf  # reverse KL +inf, KL finite
+    a[4, 512:1024] = -np.inf
+    b[4, 512:1024] = -np.inf  # a whole masked chunk: NaN in u, ignored
+    a[5] = -np.inf
+    a[5, vocab - 1] = 1.0  # one-hot on the last token
+    t[5] = vocab - 1
+    figs, flags, bad = run(backend, a, b, t)
+    np.testing.assert_array_equal(bad, [True, True] + [False] * 7)
+    of, ofl = oracle(a[2:], b[2:], t[2:])
+    assert_close(figs[2:], flags[2:], of, ofl)
+    assert figs[2, 0] == np.inf and np.isfinite(figs[2, 1]) and figs[3, 1] == np.inf and np.isfinite(figs[3, 0])
+    assert figs[5, 5] == 0 and figs[5, 6] == 1 and flags[5, 3]

@@ -31,6 +31,15 @@ Exp: libdevice's float64 exp by default; two FMA-polynomial exps (``_exp64``, ``
 vocab 129,280, 32 % of the copy-bandwidth ceiling, 7.5x plain torch float64 -- short of the 75 % goal.
 Memory is not the limit; whether float64 issue rate, conversions or latency is, has not been profiled.
 No float64 ``[rows, V]`` tensor is ever materialised.
+
+Lean variant (``lean=G``): ``_partials_lean`` does the same per-chunk work with fewer per-element operations --
+the flags come out of the (NaN-propagating) max reduction instead of ten compares per element, the exp is
+``_exp64m`` (14 float64 operations, no range branch; values below 700 nats under the chunk maximum are decided
+zero in float32: they are below 1e-304 of the sum) -- and ``G`` chunks per program with the next chunk's logits
+loaded before the current one is reduced. Cost model behind it (H100/H200 SM, per 32 elements): a float64
+op holds the FP64 pipe 2 cycles, a float32<->float64 conversion ~8; two exps + conversions + sums are ~36
+float64 ops, i.e. ~72 pipe cycles, while the measured 32 % of copy bandwidth is ~200 cycles -- so the old
+kernel is not FP64-throughput-bound, and issue count and latency hiding are what the variant attacks.
 """
 
 from __future__ import annotations
@@ -119,6 +128,98 @@ if triton is not None:
         t47 = tl.where(b1, t67, t45)
         y = p * tl.where(b2, t47, t03)
         return (y.to(tl.int64, bitcast=True) + ((ti >> 3) << 52)).to(tl.float64, bitcast=True)
+
+    @triton.jit
+    def _exp64m(x):
+        """exp(x) for float64 -700 <= x <= 0 (callers zero what lies below, deciding in float32): x = k ln2 + r
+        with k from the 1.5 * 2**52 rounding trick (k sits in t's low bits: no conversion), r by two FMAs
+        (Cody-Waite), a degree-10 polynomial with p(0) = 1 exactly (near-minimax on |r| <= ln2/2, fitted with
+        mpmath: approximation error 2.2e-16 relative), and 2**k added to the exponent bits (one 64-bit add; no
+        range branch). 14 float64 operations against libdevice's ~16 plus its range test and branch."""
+        magic = _f64(x, 6755399441055744.0)
+        t = tl.fma(x, _f64(x, 1.4426950408889634), magic)
+        kd = t - magic
+        r = tl.fma(kd, _f64(x, -6.93147180559945286227e-01), x)
+        r = tl.fma(kd, _f64(x, -2.31904681384629955842e-17), r)
+        p = _f64(x, 2.7491964657031836e-07)
+        p = tl.fma(p, r, _f64(x, 2.763920473385284e-06))
+        p = tl.fma(p, r, _f64(x, 2.4801900436396688e-05))
+        p = tl.fma(p, r, _f64(x, 0.00019841173045597238))
+        p = tl.fma(p, r, _f64(x, 0.0013888888528801456))
+        p = tl.fma(p, r, _f64(x, 0.008333333382975))
+        p = tl.fma(p, r, _f64(x, 0.04166666666820436))
+        p = tl.fma(p, r, _f64(x, 0.16666666666564545))
+        p = tl.fma(p, r, _f64(x, 0.4999999999999798))
+        p = tl.fma(p, r, _f64(x, 1.0000000000000056))
+        p = tl.fma(p, r, _f64(x, 1.0))
+        # t = 1.5 * 2**52 + k: its low word is k, so t << 52 is k << 52 (mod 2**64) -- k added to p's exponent
+        return (p.to(tl.int64, bitcast=True) + (t.to(tl.int64, bitcast=True) << 52)).to(tl.float64, bitcast=True)
+
+    @triton.jit
+    def _nanmax_nanmax_max_max(a1, b1, u1, v1, a2, b2, u2, v2):
+        return (tl.maximum(a1, a2, propagate_nan=tl.PropagateNan.ALL),
+                tl.maximum(b1, b2, propagate_nan=tl.PropagateNan.ALL),
+                tl.maximum(u1, u2), tl.maximum(v1, v2))
+
+    @triton.jit
+    def _lean_chunk(a, b, offs, q, PF, PK, NQ, EXP: tl.constexpr):
+        """The partials of one chunk with fewer per-element operations than ``_partials``: the flags come
+        out of the max reduction itself. NaN-propagating maxima flag NaN/+inf (a NaN anywhere makes the chunk
+        maximum NaN); the maximum of ``a`` where ``b = -inf`` is above -inf exactly when KL is +inf (and the
+        mirror). No maximum here ever meets a NaN it must ignore (Triton leaves that case unspecified)."""
+        ua = tl.where(b == float("-inf"), a, float("-inf"))  # > -inf somewhere: KL = +inf
+        ub = tl.where(a == float("-inf"), b, float("-inf"))  # the mirror: reverse KL = +inf
+        ma32, mb32, umax, vmax = tl.reduce((a, b, ua, ub), 0, _nanmax_nanmax_max_max)
+        bad = (ma32 != ma32) | (ma32 == float("inf")) | (mb32 != mb32) | (mb32 == float("inf"))
+        flags = (bad.to(tl.int32) | ((umax > float("-inf")).to(tl.int32) << 1)
+                 | ((vmax > float("-inf")).to(tl.int32) << 2))
+        ma = ma32.to(tl.float64)
+        mb = mb32.to(tl.float64)
+        ia = tl.where(a == ma32, offs, 2147483647)
+        sha = tl.where(ma > float("-inf"), ma, 0.0)
+        shb = tl.where(mb > float("-inf"), mb, 0.0)
+        xa = tl.maximum(a, -3.4028234663852886e38).to(tl.float64) - sha
+        xb = tl.maximum(b, -3.4028234663852886e38).to(tl.float64) - shb
+        if EXP == 3:
+            # decided in float32: a - m rounds monotonically, so x >= -700 - 3e-5 wherever this keeps _exp64m's
+            # value (its exponent add stays normal); NaN (-inf - -inf) and -inf give 0
+            ea = tl.where(a - ma32 >= -700.0, _exp64m(xa), 0.0)
+            eb = tl.where(b - mb32 >= -700.0, _exp64m(xb), 0.0)
+        else:
+            ea = tl.exp(xa)
+            eb = tl.exp(xb)
+        e = xa - xb
+        s_a, s_b, x_, y_, ea_, ia = tl.reduce((ea, eb, ea * e, eb * e, ea * xa, ia), 0, _add5_min)
+        j = tl.arange(0, 8)
+        vals = tl.where(j == 0, ma, tl.where(j == 1, mb, tl.where(j == 2, s_a, tl.where(j == 3, s_b, tl.where(
+            j == 4, x_, tl.where(j == 5, y_, tl.where(j == 6, ea_, flags.to(tl.float64))))))))
+        tl.store(PF + q.to(tl.int64) * 8 + j, vals, mask=(j < 8) & (q < NQ))
+        tl.store(PK + q, ia, mask=q < NQ)
+
+    @triton.jit
+    def _partials_lean(A, B, stride_a, stride_b, V, NCH, NQ, PF, PK, CHUNK: tl.constexpr, G: tl.constexpr,
+                       EXP: tl.constexpr):
+        """``G`` consecutive (row, chunk) items per program; the next item's logits are loaded before the
+        current one is reduced (a register prefetch that overlaps HBM latency with the float64 work)."""
+        q = tl.program_id(0) * G
+        r = tl.arange(0, CHUNK)
+        row = (q // NCH).to(tl.int64)
+        offs = (q % NCH) * CHUNK + r
+        m = (offs < V) & (q < NQ)
+        a_n = tl.load(A + row * stride_a + offs, mask=m, other=float("-inf"))
+        b_n = tl.load(B + row * stride_b + offs, mask=m, other=float("-inf"))
+        for i in range(G):
+            a = a_n
+            b = b_n
+            oc = offs
+            qc = q
+            q = qc + 1
+            row = (q // NCH).to(tl.int64)
+            offs = (q % NCH) * CHUNK + r
+            m = (offs < V) & (q < NQ) & (i + 1 < G)
+            a_n = tl.load(A + row * stride_a + offs, mask=m, other=float("-inf"))
+            b_n = tl.load(B + row * stride_b + offs, mask=m, other=float("-inf"))
+            _lean_chunk(a, b, oc, qc, PF, PK, NQ, EXP)
 
     @triton.jit
     def _key(x, idx):
@@ -248,8 +349,8 @@ if triton is not None:
 
 
 def exp64(x: torch.Tensor, variant: int = 1) -> torch.Tensor:
-    """The kernel's float64 exps on their own (x <= 0), for tests: 1 = ``_exp64``, 2 = ``_exp64t``
-    (which takes -700 <= x)."""
+    """The kernel's float64 exps on their own (x <= 0), for tests: 1 = ``_exp64``, 2 = ``_exp64t``,
+    3 = ``_exp64m`` (2 and 3 take -700 <= x)."""
     x = x.contiguous()
     y = torch.empty_like(x)
     _exp64_kernel[(triton.cdiv(x.numel(), 1024),)](x, y, x.numel(), BLOCK=1024, VARIANT=variant)
@@ -265,18 +366,21 @@ if triton is not None:
         x = tl.load(X + o, mask=m, other=0.0)
         if VARIANT == 2:
             y = _exp64t(x)
+        elif VARIANT == 3:
+            y = _exp64m(x)
         else:
             y = _exp64(x)
         tl.store(Y + o, y, mask=m)
 
 
 def score_rows(ref: torch.Tensor, cand: torch.Tensor, targets: torch.Tensor, *, chunk: int = 2048,
-               num_warps: int = 4, fast_exp: int = 0
+               num_warps: int = 4, fast_exp: int = 0, lean: int = 0
                ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """Score float32 ``[n, V]`` rows on the GPU; same returns as :func:`fideval.score.torch_kernel.score_rows`.
 
     ``chunk``/``num_warps`` set the work per program of the partial-sums kernel; ``fast_exp`` picks the
-    float64 exp: 0 libdevice's, 1 :func:`_exp64`, 2 :func:`_exp64t` (all within ~2 ulp; bench/RESULTS.md).
+    float64 exp: 0 libdevice's, 1 :func:`_exp64`, 2 :func:`_exp64t`, 3 :func:`_exp64m` (all within ~2 ulp;
+    bench/RESULTS.md). ``lean`` >= 1 runs :func:`_partials_lean` with ``lean`` chunks per program (exp 0 or 3).
     """
     if triton is None:
         raise RuntimeError("triton is not installed")
@@ -294,8 +398,14 @@ def score_rows(ref: torch.Tensor, cand: torch.Tensor, targets: torch.Tensor, *, 
     bia = torch.empty((n, 2), dtype=torch.int64, device=dev)
     t = targets.to(device=dev, dtype=torch.int64).contiguous()
     if n:
-        _partials[(n * nch,)](ref, cand, ref.stride(0), cand.stride(0), vocab, nch, pf, pk,
-                              CHUNK=chunk, FAST_EXP=int(fast_exp), num_warps=num_warps)
+        if lean:
+            nq = n * nch
+            _partials_lean[(triton.cdiv(nq, lean),)](ref, cand, ref.stride(0), cand.stride(0), vocab, nch, nq,
+                                                     pf, pk, CHUNK=chunk, G=int(lean), EXP=int(fast_exp),
+                                                     num_warps=num_warps)
+        else:
+            _partials[(n * nch,)](ref, cand, ref.stride(0), cand.stride(0), vocab, nch, pf, pk,
+                                  CHUNK=chunk, FAST_EXP=int(fast_exp), num_warps=num_warps)
         _combine[(n,)](pf, pk, ref, cand, ref.stride(0), cand.stride(0), t, figs, outi, bia, nch,
                        NCH_P2=triton.next_power_of_2(nch), num_warps=1)
         # the rank pass re-reads candidate chunks at the partials' granularity (their maxima decide)
