@@ -97,7 +97,25 @@ def teacher_manifests(run):
 
 
 def final_outputs():
-    return [
+    """The report, card and gate, and every intermediate product the run keeps (windows, stores, records).
+
+    Snakemake >= 7.7 ignores a deleted intermediate file when the files made from it are up to date
+    (snakemake/snakemake#1978), so a deleted teacher shard would never be rebuilt. Naming every kept product
+    as a target makes a deleted shard rerun its own job and exactly the jobs downstream of it.
+    """
+    kept = [
+        f"results/{RUN}/windows/eval-windows.json",
+        f"results/{RUN}/windows/index.parquet",
+        f"results/{RUN}/windows/windows-{W}/tokens.safetensors",
+        f"results/{RUN}/windows/cuts-{C}/tokens.safetensors",
+    ]
+    for kind in KINDS:
+        for domain in DOMAINS:
+            kept += [f.format(run=RUN, domain=domain) for f in shard_outputs(kind)]
+    kept += teacher_manifests(RUN)
+    for d in records_dirs(RUN) + selfcheck_dirs(RUN):
+        kept += [f"{d}/records.parquet", f"{d}/score.json"]
+    return kept + [
         f"reports/{RUN}/report.json",
         f"reports/{RUN}/plots",
         f"reports/{RUN}/README.md",
