@@ -374,10 +374,12 @@ if triton is not None:
 
 
 def score_rows(ref: torch.Tensor, cand: torch.Tensor, targets: torch.Tensor, *, chunk: int = 2048,
-               num_warps: int = 4, fast_exp: int = 0, lean: int = 0
+               num_warps: int = 4, fast_exp: int = 3, lean: int = 1
                ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """Score float32 ``[n, V]`` rows on the GPU; same returns as :func:`fideval.score.torch_kernel.score_rows`.
 
+    The default (lean, one chunk per program, the 14-op exp) was the fastest measured on an H200
+    (bench/RESULTS.md, 2026-12-02: 37.2 % of copy bandwidth vs 33.6 % for the libdevice kernel).
     ``chunk``/``num_warps`` set the work per program of the partial-sums kernel; ``fast_exp`` picks the
     float64 exp: 0 libdevice's, 1 :func:`_exp64`, 2 :func:`_exp64t`, 3 :func:`_exp64m` (all within ~2 ulp;
     bench/RESULTS.md). ``lean`` >= 1 runs :func:`_partials_lean` with ``lean`` chunks per program (exp 0 or 3).
