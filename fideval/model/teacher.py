@@ -110,12 +110,9 @@ def run_teacher(model_dir, windows_dir, out, *, kinds=KINDS, device="auto", dtyp
             if all(sid in done for sid in s.ids):
                 continue
             row = {sid: k for k, sid in enumerate(s.ids)}
-            # The folder's first sequence always runs (and is the canary), so a resumed store records the
-            # same canary as an uninterrupted one; it is not written again when already done.
-            first = s.ids[0]
-            for sid, logits in runner.iter_logits(s, skip=lambda x, first=first: x in done and x != first):
-                if sid in done:
-                    continue
+            # Only missing sequences run: the micro-batches a resumed run forms are the ones an uninterrupted
+            # run would form for them, so its shards are bit-identical (the canary is the first one computed).
+            for sid, logits in runner.iter_logits(s, skip=done.__contains__):
                 if writer is not None:
                     k = row[sid]
                     writer.write(sid, logits, s.tokens[k], s.window_of(sid), s.domains[k])
