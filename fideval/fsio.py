@@ -44,6 +44,23 @@ def _write_error(path: Path, e: BaseException) -> BaseException:
     return e
 
 
+def _make_parent(path: Path) -> None:
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+    except OSError as e:
+        raise FidevalError(f"cannot create folder {path.parent}: {e.strerror}", hint="check the path and its permissions") from None
+
+
+def _discard(tmp: str | Path, path: Path, e: BaseException) -> None:
+    """Remove the temp file of a failed write and re-raise, as one line where the cause is the user's."""
+    with contextlib.suppress(FileNotFoundError):
+        os.unlink(tmp)
+    err = _write_error(path, e)
+    if err is not e:
+        raise err from None
+    raise e
+
+
 @contextlib.contextmanager
 def atomic_open(path: str | os.PathLike, mode: str = "wb") -> Iterator[BinaryIO]:
     """Open a temp file beside ``path``; on success fsync and rename it over ``path``.
@@ -51,10 +68,7 @@ def atomic_open(path: str | os.PathLike, mode: str = "wb") -> Iterator[BinaryIO]
     On any exception (including a full disk) the temp file is removed and ``path`` is untouched.
     """
     path = Path(path)
-    try:
-        path.parent.mkdir(parents=True, exist_ok=True)
-    except OSError as e:
-        raise FidevalError(f"cannot create folder {path.parent}: {e.strerror}", hint="check the path and its permissions") from None
+    _make_parent(path)
     try:
         fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
     except OSError as e:
@@ -67,22 +81,14 @@ def atomic_open(path: str | os.PathLike, mode: str = "wb") -> Iterator[BinaryIO]
             os.fsync(f.fileno())
         os.replace(tmp, path)
     except BaseException as e:
-        with contextlib.suppress(FileNotFoundError):
-            os.unlink(tmp)
-        err = _write_error(path, e)
-        if err is not e:
-            raise err from None
-        raise
+        _discard(tmp, path, e)
 
 
 @contextlib.contextmanager
 def atomic_path(path: str | os.PathLike) -> Iterator[Path]:
     """Yield a temp path beside ``path`` for libraries that write by file name; rename it on success."""
     path = Path(path)
-    try:
-        path.parent.mkdir(parents=True, exist_ok=True)
-    except OSError as e:
-        raise FidevalError(f"cannot create folder {path.parent}: {e.strerror}", hint="check the path and its permissions") from None
+    _make_parent(path)
     tmp = path.parent / f".{path.name}.{os.getpid()}.tmp"
     try:
         yield tmp
@@ -91,12 +97,7 @@ def atomic_path(path: str | os.PathLike) -> Iterator[Path]:
             os.fsync(f.fileno())
         os.replace(tmp, path)
     except BaseException as e:
-        with contextlib.suppress(FileNotFoundError):
-            os.unlink(tmp)
-        err = _write_error(path, e)
-        if err is not e:
-            raise err from None
-        raise
+        _discard(tmp, path, e)
 
 
 def remove_temps(folder: str | os.PathLike) -> list[Path]:
