@@ -33,7 +33,7 @@ def teacher_sequences(teacher: Any):
     ids = list(teacher.seq_ids)
     if not ids:
         raise FidevalError(f"teacher store {teacher.root} holds no sequences", hint="run 'fideval teacher' first")
-    rows = [teacher.read(sid)[1] for sid in ids]
+    rows = [teacher.token_ids(sid) for sid in ids]  # header + tokens only; logits are hashed when scored
     lengths = {len(r) for r in rows}
     if len(lengths) != 1:
         raise FidevalError(f"teacher store {teacher.root} mixes sequence lengths {sorted(lengths)}",

@@ -123,7 +123,8 @@ def run_teacher(model_dir, windows_dir, out, *, kinds=KINDS, device="auto", dtyp
     bad = [c for c in canaries if not c.get("identical")]
     if writer is not None:
         if canaries:  # StoreWriter.finish() takes no meta: the verdict joins the manifest meta here
-            writer.meta["canary"] = canaries[0] if len(canaries) == 1 else canaries
+            # store meta values are strings (docs/formats-store.md), so the verdict is JSON text like `teacher`
+            writer.meta["canary"] = json.dumps(canaries[0] if len(canaries) == 1 else canaries, sort_keys=True)
         writer.finish()
     if bad:
         raise FidevalError(f"canary {bad[0].get('seq_id')} in {bad[0]['folder']} changed between the start and the end of the run "

@@ -125,8 +125,18 @@ class StoreReader:
             logits = np.memmap(path, dtype="<f4", mode="r", offset=head.logits_offset, shape=(head.rows, head.vocab))
         else:
             logits = np.empty((0, head.vocab), np.float32)
-        tokens = np.fromfile(path, dtype="<i4", count=head.length, offset=head.token_ids_offset).astype(np.int32)
-        return logits, tokens
+        return logits, self.token_ids(seq_id)
+
+    def token_ids(self, seq_id: str) -> np.ndarray:
+        """A shard's token ids alone (int32 [L]), reading only its header and token bytes.
+
+        Not hashed: this is for planning work (a candidate runs on the teacher's tokens), and the shard is
+        verified when its logits are read, before anything computed from it is kept.
+        """
+        path = self.path(seq_id)
+        head = read_header(path, self.entry(seq_id)["file"])
+        self._check_head(seq_id, head)
+        return np.fromfile(path, dtype="<i4", count=head.length, offset=head.token_ids_offset).astype(np.int32)
 
     # -- streaming ----------------------------------------------------------------------------------------
     def _load(self, seq_id: str, buf: Any, pin: bool) -> tuple[Any, Any, np.ndarray]:
