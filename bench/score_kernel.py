@@ -42,6 +42,18 @@ def timed(fn, reps: int) -> float:
     return float(np.median(times))
 
 
+def parse_config(cfg: str) -> dict:
+    """``chunk:num_warps:exp[:lean[:cvt[:ldc[:compact[:combine_warps[:rank_in_combine]]]]]]`` -> keyword
+    arguments of ``triton_kernel.score_rows`` (combine_warps, default 4, and rank_in_combine only matter with
+    compact)."""
+    f = [int(v) for v in cfg.split(":")]
+    f += [0] * (7 - len(f))
+    f += [4] if len(f) < 8 else []
+    f += [0] if len(f) < 9 else []
+    return dict(chunk=f[0], num_warps=f[1], fast_exp=f[2], lean=f[3], cvt=f[4], ldc=f[5], compact=f[6],
+                combine_warps=f[7], rank_in_combine=f[8])
+
+
 def plain_torch(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
     lp = torch.log_softmax(a.double(), dim=-1)
     lq = torch.log_softmax(b.double(), dim=-1)
@@ -55,10 +67,13 @@ def main() -> None:
     ap.add_argument("--reps", type=int, default=20)
     ap.add_argument("--check-rows", type=int, default=48)
     ap.add_argument("--json", default=None)
-    ap.add_argument("--configs", default="2048:4:0,2048:4:1,2048:4:2,4096:4:2,2048:2:2,1024:2:2,4096:8:2,1024:4:2,"
-                    "2048:8:2,4096:4:0,1024:2:0",
-                    help="chunk:num_warps:exp[:lean] (exp 0 = libdevice, 1 = FMA Taylor, 2 = select-tree table + FMA, "
-                    "3 = degree-10 + exponent bits; lean G >= 1 = the lean partials kernel, G chunks per program)")
+    ap.add_argument("--configs", default="2048:4:3:1:0:0:0,8192:8:4:0:0:0:1:4:0,8192:8:4:0:0:0:1:4:1,"
+                    "8192:8:4:0:0:0:1:8:1,4096:4:4:0:0:0:1:4:1,4096:4:4:0:0:0:1:8:1,2048:4:4:0:0:0:1:8:1",
+                    help="chunk:num_warps:exp[:lean[:cvt[:ldc]]] (exp 0 = libdevice, 1 = FMA Taylor, 2 = select-tree "
+                    "table + FMA, 3 = degree-10 + exponent bits, 4/5/6 = gathered 2**(j/N) table with N 256/64/2048; "
+                    "lean G >= 1 = the lean partials kernel, G chunks per program; cvt 1 = float32->float64 by integer "
+                    "bit operations; ldc 1 = logits loaded with .cg, past L1; compact 1 = the compact partials kernel "
+                    "(one max/min reduction, -inf tests only where a chunk holds -inf, argmax rescanned by the combine))")
     args = ap.parse_args()
     n, V = args.rows, args.vocab
     dev = torch.device("cuda")
@@ -83,8 +98,7 @@ def main() -> None:
     ref_figs, ref_flags = reference.score_rows(a_np, b_np, t_np)
     best = None
     for cfg in args.configs.split(","):
-        chunk, warps, exp, *lean = cfg.split(":")
-        kw = dict(chunk=int(chunk), num_warps=int(warps), fast_exp=int(exp), lean=int(lean[0]) if lean else 0)
+        kw = parse_config(cfg)
         try:
             t0 = time.time()
             figs, flags, bad = triton_kernel.score_rows(a, b, t, **kw)
@@ -99,13 +113,15 @@ def main() -> None:
         selff, selffl, _ = triton_kernel.score_rows(a, a, t, **kw)
         exact = bool((selff[:, 0] == 0).all().item() and selffl[:, 0].all().item())
         rps = n / sec
-        rows_out.append((f"(a) triton {cfg}", sec, rps, err, f"worst {where or '-'}; self-check exact {exact}; compile {compile_s:.1f}s"))
+        k = triton_kernel.last_partials_kernel()
+        res = f"; {k.n_regs} regs, {k.n_spills} spills" if k is not None and hasattr(k, "n_regs") else ""
+        rows_out.append((f"(a) triton {cfg}", sec, rps, err, f"worst {where or '-'}; self-check exact {exact}; "
+                         f"compile {compile_s:.1f}s{res}"))
         if best is None or rps > best[1]:
             best = (cfg, rps, err, exact)
 
     if best:  # worst case for the rank pass: a candidate unrelated to its reference (top-1 rarely agrees)
-        cfg = best[0].split(":")
-        kw = dict(chunk=int(cfg[0]), num_warps=int(cfg[1]), fast_exp=int(cfg[2]), lean=int(cfg[3]) if len(cfg) > 3 else 0)
+        kw = parse_config(best[0])
         noise = torch.randn(n, V, device=dev, generator=g) * 2.5
         sec = timed(lambda: triton_kernel.score_rows(a, noise, t, **kw), args.reps)
         rows_out.append((f"(a') triton {best[0]}, unrelated candidate", sec, n / sec, None, "rank pass re-reads most chunks"))

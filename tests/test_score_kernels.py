@@ -19,12 +19,20 @@ GPU = pytest.mark.skipif(not triton_kernel.available(), reason="needs CUDA and t
 BACKENDS = ["reference", "torch", "torch-blocked",
             pytest.param("triton", marks=[pytest.mark.gpu, GPU]),
             pytest.param("triton-big", marks=[pytest.mark.gpu, GPU]),
+            pytest.param("triton-libdevice", marks=[pytest.mark.gpu, GPU]),
             pytest.param("triton-fma", marks=[pytest.mark.gpu, GPU]),
             pytest.param("triton-select", marks=[pytest.mark.gpu, GPU]),
             pytest.param("triton-small", marks=[pytest.mark.gpu, GPU]),
             pytest.param("triton-lean", marks=[pytest.mark.gpu, GPU]),
             pytest.param("triton-leanlib", marks=[pytest.mark.gpu, GPU]),
-            pytest.param("triton-leanloop", marks=[pytest.mark.gpu, GPU])]
+            pytest.param("triton-leanloop", marks=[pytest.mark.gpu, GPU]),
+            pytest.param("triton-tab", marks=[pytest.mark.gpu, GPU]),
+            pytest.param("triton-tab64bits", marks=[pytest.mark.gpu, GPU]),
+            pytest.param("triton-tab2kcg", marks=[pytest.mark.gpu, GPU]),
+            pytest.param("triton-compact", marks=[pytest.mark.gpu, GPU]),
+            pytest.param("triton-compact1k", marks=[pytest.mark.gpu, GPU]),
+            pytest.param("triton-compactbits", marks=[pytest.mark.gpu, GPU]),
+            pytest.param("triton-compactrank", marks=[pytest.mark.gpu, GPU])]
 
 
 def oracle(a: np.ndarray, b: np.ndarray, t: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
@@ -50,11 +58,22 @@ def run(backend: str, a: np.ndarray, b: np.ndarray, t: np.ndarray) -> tuple[np.n
     if backend.startswith("torch"):
         out = torch_kernel.score_rows(ta, tb, tt, budget_bytes=1 if backend == "torch-blocked" else 1 << 28)
     else:
-        kw = {"big": {"chunk": 4096, "num_warps": 8}, "small": {"chunk": 256, "num_warps": 2},
-              "fma": {"fast_exp": 1}, "select": {"fast_exp": 2},
+        old = {"compact": 0, "chunk": 2048, "num_warps": 4}  # the earlier kernels, at their measured shapes
+        kw = {"big": {"chunk": 16384, "num_warps": 8}, "small": {"chunk": 256, "num_warps": 2},
+              "fma": {**old, "fast_exp": 1, "lean": 0}, "select": {**old, "fast_exp": 2, "lean": 0},
+              "libdevice": {**old, "fast_exp": 0, "lean": 0},
               # the lean partials kernel: its own exp, libdevice's, and 4 chunks per program (prefetch loop)
-              "lean": {"fast_exp": 3, "lean": 1}, "leanlib": {"fast_exp": 0, "lean": 2, "chunk": 1024},
-              "leanloop": {"fast_exp": 3, "lean": 4, "chunk": 512, "num_warps": 2}}.get(backend.partition("-")[2], {})
+              "lean": {**old, "fast_exp": 3, "lean": 1}, "leanlib": {**old, "fast_exp": 0, "lean": 2, "chunk": 1024},
+              "leanloop": {**old, "fast_exp": 3, "lean": 4, "chunk": 512, "num_warps": 2},
+              # table exps in the lean kernel: N 256 (the default's), N 64 with integer-pipe conversions, N 2048 with .cg
+              "tab": {**old, "fast_exp": 4, "lean": 1}, "tab64bits": {**old, "fast_exp": 5, "lean": 1, "cvt": 1},
+              "tab2kcg": {**old, "fast_exp": 6, "lean": 2, "chunk": 1024, "ldc": 1},
+              # the compact partials kernel (argmax rescanned by the combine, -inf tests only where needed)
+              "compact": {"fast_exp": 4, "lean": 0, "compact": 1},
+              "compact1k": {"fast_exp": 3, "lean": 0, "compact": 1, "chunk": 1024, "num_warps": 2},
+              "compactbits": {"fast_exp": 6, "lean": 0, "compact": 1, "cvt": 1, "chunk": 4096},
+              "compactrank": {"fast_exp": 4, "lean": 0, "compact": 1, "rank_in_combine": 1, "chunk": 1024,
+                              "num_warps": 4}}.get(backend.partition("-")[2], {})
         out = triton_kernel.score_rows(ta.cuda(), tb.cuda(), tt.cuda(), **kw)
     return tuple(x.cpu().numpy() for x in out)
 
@@ -216,8 +235,36 @@ def test_lean_exp_matches_numpy():
     assert y[np.flatnonzero(x == 0)[0]] == 1.0
 
 
+@pytest.mark.gpu
+@GPU
+@pytest.mark.parametrize("variant", [4, 5, 6])
+def test_table_exps_match_numpy(variant):
+    """The table exps: within 2 ulp of numpy's (1 ulp each side) plus the one-FMA reduction's |x| * 3.4e-17
+    (the rounding of ln2 / N, times k), on [-700, 0]; exactly 1 at 0."""
+    rng = np.random.default_rng(9)
+    x = np.concatenate([-rng.exponential(3.0, 200_000), rng.uniform(-700, 0, 200_000),
+                        [0.0, -0.0, -1e-300, -700.0, -np.log(2) / 2, -np.log(2) * 1.5, -np.log(2) / 512]])
+    x = x[x >= -700]
+    y = triton_kernel.exp64(torch.from_numpy(x).cuda(), variant=variant).cpu().numpy()
+    rel = np.abs(y - np.exp(x)) / np.exp(x)
+    assert (rel <= 4.5e-16 + 3.4e-17 * np.abs(x)).all(), float(rel.max())
+    assert rel[np.abs(x) <= 20].max() <= 1.2e-15
+    assert y[np.flatnonzero(x == 0)[0]] == 1.0
+
+
+def test_exp_table_is_correctly_rounded():
+    """2**(j/N) from decimal arithmetic: equal to numpy's exp2 within half an ulp, and exact at j = 0."""
+    for variant, n in ((4, 256), (5, 64), (6, 2048)):
+        tab = triton_kernel.exp_table(variant, "cpu").numpy()
+        want = np.exp2(np.arange(n) / n)
+        assert tab.shape == (n,) and tab[0] == 1.0
+        assert (np.abs(tab - want) <= np.spacing(want)).all()
+
+
 @pytest.mark.parametrize("backend", [pytest.param(b, marks=[pytest.mark.gpu, GPU])
-                                     for b in ("triton-lean", "triton-leanloop")])
+                                     for b in ("triton-lean", "triton-leanloop", "triton-tab", "triton-tab64bits",
+                                               "triton-compact", "triton-compact1k", "triton-compactbits",
+                                               "triton-compactrank")])
 def test_lean_flags_at_chunk_and_program_edges(backend):
     """The lean kernel reads its flags off the maxima: put each special value on the last token of a chunk,
     of a row, and of a program's run of chunks, where a masked-lane or prefetch slip would show."""

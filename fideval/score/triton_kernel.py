@@ -32,6 +32,23 @@ vocab 129,280, 32 % of the copy-bandwidth ceiling, 7.5x plain torch float64 -- s
 Memory is not the limit; whether float64 issue rate, conversions or latency is, has not been profiled.
 No float64 ``[rows, V]`` tensor is ever materialised.
 
+**Compact kernel (the default: ``compact=1``, chunk 8,192, 8 warps, table exp N = 256).** ``_partials_compact``
+keeps the three-kernel shape and cuts what every element pays for, found with Nsight Compute on an H200 (the lean
+kernel below issued 91 instructions per element pair, 39 of them float64, at 3 warps per scheduler):
+
+* one reduction gives both maxima (NaN-propagating, so NaN/+inf flag the row) *and* both minima; the
+  finite-vs--inf tests that make a KLD infinite run only in a chunk whose minimum is -inf (a block-uniform
+  branch over the registers already held), instead of on every element;
+* no per-element argmax: :func:`_combine` (``SCAN``) rescans the one chunk that holds the row maximum (one
+  extra chunk read per row, ~6 % of one row's bytes at chunk 8,192) for its first index;
+* the exp is :func:`_exp64_tab` (8 float64 operations against 14): ``2**(j/256)`` gathered from a correctly
+  rounded 2 KB table, a degree-4 polynomial on ``|r| <= ln2/512``.
+
+Measured (bench/RESULTS.md, 2026-12-03, five runs on H200s): 1.71-1.96 M rows/s, 42.0-47.9 % of the copy
+ceiling and 9.7-11.0x torch float64, against 34.0-36.9 % for the lean kernel in the same runs; 74 instructions
+and 25.6 float64 operations per element pair; the ALU pipe (49 %) now leads the FP64 pipe. Still short of the
+75 % goal: see the RESULTS row for what is left.
+
 Lean variant (``lean=G``): ``_partials_lean`` does the same per-chunk work with fewer per-element operations --
 the flags come out of the (NaN-propagating) max reduction instead of ten compares per element, the exp is
 ``_exp64m`` (14 float64 operations, no range branch; values below 700 nats under the chunk maximum are decided
@@ -156,13 +173,67 @@ if triton is not None:
         return (p.to(tl.int64, bitcast=True) + (t.to(tl.int64, bitcast=True) << 52)).to(tl.float64, bitcast=True)
 
     @triton.jit
+    def _exp64_tab(x, TAB, INV_STEP: tl.constexpr, STEP: tl.constexpr, LOG2N: tl.constexpr, DEG: tl.constexpr):
+        """exp(x) for float64 -700 <= x <= 0 (callers zero what lies below), table-driven: x = k ln2 / N + r with
+        N = 2**LOG2N and k from the 1.5 * 2**52 rounding trick (k is t's low word: no conversion), r by one FMA
+        (the rounding of ln2 / N costs |x| * 1.1e-16 relative, i.e. nothing where exp(x) can reach a sum),
+        exp(r) - 1 = r * q(r) with q the Taylor polynomial of degree DEG - 1 (DEG is chosen with N so that the
+        truncation r**(DEG+1) / (DEG+1)! stays below 4e-17 on |r| <= ln2 / 2N), times ``TAB[k mod N]`` =
+        2**((k mod N) / N) (correctly rounded float64, gathered from a small table that stays in L1), with
+        2**(k div N) added to the exponent bits. DEG + 4 float64 operations against ``_exp64m``'s 14."""
+        magic = _f64(x, 6755399441055744.0)
+        t = tl.fma(x, _f64(x, INV_STEP), magic)
+        kd = t - magic
+        r = tl.fma(kd, _f64(x, -STEP), x)
+        ki = t.to(tl.int64, bitcast=True).to(tl.int32)  # = k: t = 1.5 * 2**52 + k exactly, whose low word is k
+        tab = tl.load(TAB + (ki & ((1 << LOG2N) - 1)))
+        q = _f64(x, 1.0)
+        if DEG >= 6:
+            q = tl.fma(_f64(x, 1.0 / 720.0), r, _f64(x, 1.0 / 120.0))
+        elif DEG == 5:
+            q = _f64(x, 1.0 / 120.0)
+        if DEG >= 5:
+            q = tl.fma(q, r, _f64(x, 1.0 / 24.0))
+        elif DEG == 4:
+            q = _f64(x, 1.0 / 24.0)
+        if DEG >= 4:
+            q = tl.fma(q, r, _f64(x, 1.0 / 6.0))
+        else:
+            q = _f64(x, 1.0 / 6.0)
+        q = tl.fma(q, r, _f64(x, 0.5))
+        q = tl.fma(q, r, _f64(x, 1.0))
+        e = tl.fma(tab, q * r, tab)
+        return (e.to(tl.int64, bitcast=True) + ((ki >> LOG2N).to(tl.int64) << 52)).to(tl.float64, bitcast=True)
+
+    @triton.jit
+    def _exp64_n(x, TAB, EXP: tl.constexpr):
+        """The table exps by variant: 4 = N 256, degree 4; 5 = N 64, degree 5; 6 = N 2048, degree 3
+        (each pair within 4e-17 truncation; constants N / ln2 and ln2 / N correctly rounded)."""
+        if EXP == 4:
+            y = _exp64_tab(x, TAB, 369.3299304675746, 0.0027076061740622863, 8, 4)
+        elif EXP == 5:
+            y = _exp64_tab(x, TAB, 92.33248261689366, 0.010830424696249145, 6, 5)
+        else:
+            y = _exp64_tab(x, TAB, 2954.639443740597, 0.0003384507717577858, 11, 3)
+        return y
+
+    @triton.jit
+    def _f64_of_f32_bits(a):
+        """float32 -> float64 on the integer pipe (a bench variant of the F2F conversion): exact for normal
+        numbers; zero and subnormals become +-[2**-127, 2**-126) (an absolute error below 1.2e-38, which no
+        logit difference can see). Callers map -inf to the lowest finite float32 first; NaN is flagged apart."""
+        w = a.to(tl.int32, bitcast=True).to(tl.int64)
+        mag = ((w & 0x7FFFFFFF) << 29) + 4035225266123964416  # exponent rebias 896 << 52
+        return (mag | ((w >> 31) << 63)).to(tl.float64, bitcast=True)
+
+    @triton.jit
     def _nanmax_nanmax_max_max(a1, b1, u1, v1, a2, b2, u2, v2):
         return (tl.maximum(a1, a2, propagate_nan=tl.PropagateNan.ALL),
                 tl.maximum(b1, b2, propagate_nan=tl.PropagateNan.ALL),
                 tl.maximum(u1, u2), tl.maximum(v1, v2))
 
     @triton.jit
-    def _lean_chunk(a, b, offs, q, PF, PK, NQ, EXP: tl.constexpr):
+    def _lean_chunk(a, b, offs, q, PF, PK, NQ, TAB, EXP: tl.constexpr, CVT: tl.constexpr):
         """The partials of one chunk with fewer per-element operations than ``_partials``: the flags come
         out of the max reduction itself. NaN-propagating maxima flag NaN/+inf (a NaN anywhere makes the chunk
         maximum NaN); the maximum of ``a`` where ``b = -inf`` is above -inf exactly when KL is +inf (and the
@@ -178,9 +249,17 @@ if triton is not None:
         ia = tl.where(a == ma32, offs, 2147483647)
         sha = tl.where(ma > float("-inf"), ma, 0.0)
         shb = tl.where(mb > float("-inf"), mb, 0.0)
-        xa = tl.maximum(a, -3.4028234663852886e38).to(tl.float64) - sha
-        xb = tl.maximum(b, -3.4028234663852886e38).to(tl.float64) - shb
-        if EXP == 3:
+        if CVT == 1:
+            xa = _f64_of_f32_bits(tl.maximum(a, -3.4028234663852886e38)) - sha
+            xb = _f64_of_f32_bits(tl.maximum(b, -3.4028234663852886e38)) - shb
+        else:
+            xa = tl.maximum(a, -3.4028234663852886e38).to(tl.float64) - sha
+            xb = tl.maximum(b, -3.4028234663852886e38).to(tl.float64) - shb
+        if EXP >= 4:
+            # table exps (see _exp64_tab), zero decided in float32 as for EXP 3
+            ea = tl.where(a - ma32 >= -700.0, _exp64_n(xa, TAB, EXP), 0.0)
+            eb = tl.where(b - mb32 >= -700.0, _exp64_n(xb, TAB, EXP), 0.0)
+        elif EXP == 3:
             # decided in float32: a - m rounds monotonically, so x >= -700 - 3e-5 wherever this keeps _exp64m's
             # value (its exponent add stays normal); NaN (-inf - -inf) and -inf give 0
             ea = tl.where(a - ma32 >= -700.0, _exp64m(xa), 0.0)
@@ -193,21 +272,30 @@ if triton is not None:
         j = tl.arange(0, 8)
         vals = tl.where(j == 0, ma, tl.where(j == 1, mb, tl.where(j == 2, s_a, tl.where(j == 3, s_b, tl.where(
             j == 4, x_, tl.where(j == 5, y_, tl.where(j == 6, ea_, flags.to(tl.float64))))))))
-        tl.store(PF + q.to(tl.int64) * 8 + j, vals, mask=(j < 8) & (q < NQ))
-        tl.store(PK + q, ia, mask=q < NQ)
+        tl.store(PF + q.to(tl.int64) * 8 + j, vals, mask=(j < 8) & (q + j * 0 < NQ))
+        tl.store(PK + q + j * 0, ia + j * 0, mask=(j < 1) & (q + j * 0 < NQ))
 
     @triton.jit
-    def _partials_lean(A, B, stride_a, stride_b, V, NCH, NQ, PF, PK, CHUNK: tl.constexpr, G: tl.constexpr,
-                       EXP: tl.constexpr):
+    def _ld(ptr, m, LDC: tl.constexpr):
+        # LDC 1: stream the logits past L1 (.cg), leaving it to the exp table
+        if LDC == 1:
+            x = tl.load(ptr, mask=m, other=float("-inf"), cache_modifier=".cg")
+        else:
+            x = tl.load(ptr, mask=m, other=float("-inf"))
+        return x
+
+    @triton.jit
+    def _partials_lean(A, B, stride_a, stride_b, V, NCH, NQ, PF, PK, TAB, CHUNK: tl.constexpr, G: tl.constexpr,
+                       EXP: tl.constexpr, CVT: tl.constexpr, LDC: tl.constexpr):
         """``G`` consecutive (row, chunk) items per program; the next item's logits are loaded before the
         current one is reduced (a register prefetch that overlaps HBM latency with the float64 work)."""
         q = tl.program_id(0) * G
         r = tl.arange(0, CHUNK)
         row = (q // NCH).to(tl.int64)
         offs = (q % NCH) * CHUNK + r
-        m = (offs < V) & (q < NQ)
-        a_n = tl.load(A + row * stride_a + offs, mask=m, other=float("-inf"))
-        b_n = tl.load(B + row * stride_b + offs, mask=m, other=float("-inf"))
+        m = (offs < V) & (q + r * 0 < NQ)
+        a_n = _ld(A + row * stride_a + offs, m, LDC)
+        b_n = _ld(B + row * stride_b + offs, m, LDC)
         for i in range(G):
             a = a_n
             b = b_n
@@ -216,10 +304,69 @@ if triton is not None:
             q = qc + 1
             row = (q // NCH).to(tl.int64)
             offs = (q % NCH) * CHUNK + r
-            m = (offs < V) & (q < NQ) & (i + 1 < G)
-            a_n = tl.load(A + row * stride_a + offs, mask=m, other=float("-inf"))
-            b_n = tl.load(B + row * stride_b + offs, mask=m, other=float("-inf"))
-            _lean_chunk(a, b, oc, qc, PF, PK, NQ, EXP)
+            m = (offs < V) & (q + r * 0 < NQ) & (i + 1 < G)
+            a_n = _ld(A + row * stride_a + offs, m, LDC)
+            b_n = _ld(B + row * stride_b + offs, m, LDC)
+            _lean_chunk(a, b, oc, qc, PF, PK, NQ, TAB, EXP, CVT)
+
+    @triton.jit
+    def _max_max_min_min(a1, b1, u1, v1, a2, b2, u2, v2):
+        return (tl.maximum(a1, a2, propagate_nan=tl.PropagateNan.ALL),
+                tl.maximum(b1, b2, propagate_nan=tl.PropagateNan.ALL),
+                tl.minimum(u1, u2), tl.minimum(v1, v2))
+
+    @triton.jit
+    def _add5(a0, a1, a2, a3, a4, b0, b1, b2, b3, b4):
+        return a0 + b0, a1 + b1, a2 + b2, a3 + b3, a4 + b4
+
+    @triton.jit
+    def _partials_compact(A, B, stride_a, stride_b, V, NCH, PF, TAB, CHUNK: tl.constexpr, EXP: tl.constexpr,
+                          CVT: tl.constexpr, LDC: tl.constexpr):
+        """One (row, chunk) per program with the per-element work cut to what every row needs: one reduction
+        gives both maxima (NaN-propagating: NaN/+inf flags) and both minima; only a chunk whose minimum is -inf
+        pays for the finite-vs--inf tests (a second reduction on the registers it already holds); the argmax is
+        left to :func:`_combine` (``SCAN``), which rescans the one chunk that holds the row maximum."""
+        pid = tl.program_id(0)
+        row = (pid // NCH).to(tl.int64)
+        offs = (pid % NCH) * CHUNK + tl.arange(0, CHUNK)
+        m = offs < V
+        a = _ld(A + row * stride_a + offs, m, LDC)
+        b = _ld(B + row * stride_b + offs, m, LDC)
+        ma32, mb32, na32, nb32 = tl.reduce((a, b, a, b), 0, _max_max_min_min)
+        bad = (ma32 != ma32) | (ma32 == float("inf")) | (mb32 != mb32) | (mb32 == float("inf"))
+        flags = bad.to(tl.int32)
+        if (na32 == float("-inf")) | (nb32 == float("-inf")):  # masked tokens here: settle the infinite KLDs
+            ua = tl.where(b == float("-inf"), a, float("-inf"))  # > -inf somewhere: KL = +inf
+            ub = tl.where(a == float("-inf"), b, float("-inf"))  # the mirror: reverse KL = +inf
+            umax, vmax = tl.reduce((ua, ub), 0, _max_max)
+            flags = flags | ((umax > float("-inf")).to(tl.int32) << 1) | ((vmax > float("-inf")).to(tl.int32) << 2)
+        ma = ma32.to(tl.float64)
+        mb = mb32.to(tl.float64)
+        sha = tl.where(ma > float("-inf"), ma, 0.0)
+        shb = tl.where(mb > float("-inf"), mb, 0.0)
+        if CVT == 1:
+            xa = _f64_of_f32_bits(tl.maximum(a, -3.4028234663852886e38)) - sha
+            xb = _f64_of_f32_bits(tl.maximum(b, -3.4028234663852886e38)) - shb
+        else:
+            xa = tl.maximum(a, -3.4028234663852886e38).to(tl.float64) - sha
+            xb = tl.maximum(b, -3.4028234663852886e38).to(tl.float64) - shb
+        # zero decided in float32, as in _lean_chunk: a - m rounds monotonically; NaN (-inf - -inf) gives 0
+        if EXP >= 4:
+            ea = tl.where(a - ma32 >= -700.0, _exp64_n(xa, TAB, EXP), 0.0)
+            eb = tl.where(b - mb32 >= -700.0, _exp64_n(xb, TAB, EXP), 0.0)
+        else:
+            ea = tl.where(a - ma32 >= -700.0, _exp64m(xa), 0.0)
+            eb = tl.where(b - mb32 >= -700.0, _exp64m(xb), 0.0)
+        e = xa - xb
+        s_a, s_b, x_, y_, ea_ = tl.reduce((ea, eb, ea * e, eb * e, ea * xa), 0, _add5)
+        j = tl.arange(0, 8)
+        vals = tl.where(j == 0, ma, tl.where(j == 1, mb, tl.where(j == 2, s_a, tl.where(j == 3, s_b, tl.where(
+            j == 4, x_, tl.where(j == 5, y_, tl.where(j == 6, ea_, flags.to(tl.float64))))))))
+        tl.store(PF + pid.to(tl.int64) * 8 + j, vals)
+
+    @triton.jit
+    def _max_max(a1, b1, a2, b2):
+        return tl.maximum(a1, a2), tl.maximum(b1, b2)
 
     @triton.jit
     def _key(x, idx):
@@ -277,7 +424,8 @@ if triton is not None:
         tl.store(PK + pid, ia)
 
     @triton.jit
-    def _combine(PF, PK, A, B, stride_a, stride_b, T, OUTF, OUTI, BIA, NCH, NCH_P2: tl.constexpr):
+    def _combine(PF, PK, A, B, stride_a, stride_b, T, OUTF, OUTI, BIA, NCH, V, NCH_P2: tl.constexpr,
+                 SCAN: tl.constexpr = 0, RANK: tl.constexpr = 0):
         row = tl.program_id(0).to(tl.int64)
         c = tl.arange(0, NCH_P2)
         cm = c < NCH
@@ -317,8 +465,15 @@ if triton is not None:
         tl.store(of + 5, log_sa - ep_x)
         tl.store(of + 6, 1.0 / sa)
         # the reference argmax: first chunk holding the row maximum, then that chunk's first index of it
-        cbest = tl.min(tl.where(cm & (ma == m_a), c, NCH_P2), axis=0)
-        ia = tl.load(PK + row * NCH + cbest).to(tl.int64)
+        cbest = tl.minimum(tl.min(tl.where(cm & (ma == m_a), c, NCH_P2), axis=0), NCH - 1)
+        if SCAN > 0:  # the partials kept no argmax: the first index of the maximum in chunk cbest
+            so = cbest * SCAN + tl.arange(0, SCAN)
+            av = tl.load(A + row * stride_a + so, mask=so < V, other=float("-inf"))
+            ia = tl.min(tl.where(av == m_a.to(tl.float32), so, 2147483647), axis=0).to(tl.int64)
+        else:
+            ia = tl.load(PK + row * NCH + cbest).to(tl.int64)
+        # a NaN row's maximum matches nowhere (ia = 2**31 - 1): keep every read below in bounds (the row is flagged)
+        ia = tl.minimum(ia, V - 1)
         bia = tl.load(B + row * stride_b + ia)
         tl.store(BIA + row * 2, _key(bia, ia))
         tl.store(BIA + row * 2 + 1, bia.to(tl.int32, bitcast=True).to(tl.int64))
@@ -326,7 +481,17 @@ if triton is not None:
         oi = OUTI + row * 3
         tl.store(oi + 0, (ia == t).to(tl.int32))
         tl.store(oi + 1, bad.to(tl.int32))
-        tl.store(oi + 2, 0)  # the rank, counted by _rank
+        if RANK:  # the rank here, not in _rank: only chunks whose candidate maximum reaches b[i] are read
+            kia = _key(bia, ia)
+            n = tl.full((), 0, tl.int32)
+            for c2 in range(0, NCH):
+                if tl.load(PF + (row * NCH + c2) * 8 + 1) >= bia.to(tl.float64):
+                    o2 = c2 * SCAN + tl.arange(0, SCAN)
+                    bv = tl.load(B + row * stride_b + o2, mask=o2 < V, other=float("-inf"))
+                    n = n + tl.sum((_key(bv, o2) > kia).to(tl.int32), axis=0)
+            tl.store(oi + 2, n)
+        else:
+            tl.store(oi + 2, 0)  # the rank, counted by _rank
 
     @triton.jit
     def _or(x, y):
@@ -350,21 +515,24 @@ if triton is not None:
 
 def exp64(x: torch.Tensor, variant: int = 1) -> torch.Tensor:
     """The kernel's float64 exps on their own (x <= 0), for tests: 1 = ``_exp64``, 2 = ``_exp64t``,
-    3 = ``_exp64m`` (2 and 3 take -700 <= x)."""
+    3 = ``_exp64m``, 4-6 = the table exps of :func:`_exp64_n` (2 and up take -700 <= x)."""
     x = x.contiguous()
     y = torch.empty_like(x)
-    _exp64_kernel[(triton.cdiv(x.numel(), 1024),)](x, y, x.numel(), BLOCK=1024, VARIANT=variant)
+    _exp64_kernel[(triton.cdiv(x.numel(), 1024),)](x, y, x.numel(), exp_table(variant, x.device), BLOCK=1024,
+                                                   VARIANT=variant)
     return y
 
 
 if triton is not None:
 
     @triton.jit
-    def _exp64_kernel(X, Y, N, BLOCK: tl.constexpr, VARIANT: tl.constexpr):
+    def _exp64_kernel(X, Y, N, TAB, BLOCK: tl.constexpr, VARIANT: tl.constexpr):
         o = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
         m = o < N
         x = tl.load(X + o, mask=m, other=0.0)
-        if VARIANT == 2:
+        if VARIANT >= 4:
+            y = _exp64_n(x, TAB, VARIANT)
+        elif VARIANT == 2:
             y = _exp64t(x)
         elif VARIANT == 3:
             y = _exp64m(x)
@@ -373,19 +541,53 @@ if triton is not None:
         tl.store(Y + o, y, mask=m)
 
 
-def score_rows(ref: torch.Tensor, cand: torch.Tensor, targets: torch.Tensor, *, chunk: int = 2048,
-               num_warps: int = 4, fast_exp: int = 3, lean: int = 1
+_LAST: list = [None]  # the last partials launch's compiled kernel (registers, spills: bench diagnostics)
+
+
+def last_partials_kernel():
+    """The compiled partial-sums kernel of the last :func:`score_rows` call (``.n_regs``, ``.n_spills``), or None."""
+    return _LAST[0]
+
+
+_TAB_LOG2N = {4: 8, 5: 6, 6: 11}
+_TABLES: dict = {}
+
+
+def exp_table(variant: int, device) -> torch.Tensor:
+    """``2**(j / N)`` for j < N, each correctly rounded to float64 (computed with :mod:`decimal` at 40 digits,
+    not with a float64 ``exp2`` that may be off by an ulp), on ``device``; cached. A 1-entry table for the
+    variants that use none."""
+    key = (variant, str(device))
+    if key not in _TABLES:
+        log2n = _TAB_LOG2N.get(variant, 0)
+        from decimal import Decimal, localcontext
+
+        with localcontext() as ctx:
+            ctx.prec = 40
+            ln2 = Decimal(2).ln()
+            vals = [float((ln2 * j / (1 << log2n)).exp()) for j in range(1 << log2n)]
+        _TABLES[key] = torch.tensor(vals, dtype=torch.float64, device=device)
+    return _TABLES[key]
+
+
+def score_rows(ref: torch.Tensor, cand: torch.Tensor, targets: torch.Tensor, *, chunk: int = 8192,
+               num_warps: int = 8, fast_exp: int = 4, lean: int = 0, cvt: int = 0, ldc: int = 0,
+               compact: int = 1, combine_warps: int = 4, rank_in_combine: int = 0
                ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """Score float32 ``[n, V]`` rows on the GPU; same returns as :func:`fideval.score.torch_kernel.score_rows`.
 
-    The default (lean, one chunk per program, the 14-op exp) was the fastest measured on an H200
-    (bench/RESULTS.md, 2026-12-02: 37.2 % of copy bandwidth vs 33.6 % for the libdevice kernel).
+    The default (the compact kernel, chunk 8,192, 8 warps, the N = 256 table exp, combine on 4 warps) was the
+    fastest measured on an H200 (bench/RESULTS.md, 2026-12-03: 42.0-47.9 % of copy bandwidth against 34.0-36.9 %
+    for the 2026-12-02 lean kernel in the same runs). ``compact=0`` gives the earlier kernels (bench variants);
+    ``rank_in_combine`` counts the top-k rank inside the combine instead of the rank kernel (measured: no gain).
     ``chunk``/``num_warps`` set the work per program of the partial-sums kernel; ``fast_exp`` picks the
     float64 exp: 0 libdevice's, 1 :func:`_exp64`, 2 :func:`_exp64t`, 3 :func:`_exp64m` (all within ~2 ulp;
     bench/RESULTS.md). ``lean`` >= 1 runs :func:`_partials_lean` with ``lean`` chunks per program (exp 0 or 3).
     """
     if triton is None:
         raise RuntimeError("triton is not installed")
+    if compact and fast_exp not in (3, 4, 5, 6):
+        raise ValueError(f"the compact kernel takes fast_exp 3-6, not {fast_exp}")
     n, vocab = ref.shape
     if cand.shape != ref.shape:
         raise ValueError(f"shapes differ: {tuple(ref.shape)} vs {tuple(cand.shape)}")
@@ -400,18 +602,24 @@ def score_rows(ref: torch.Tensor, cand: torch.Tensor, targets: torch.Tensor, *, 
     bia = torch.empty((n, 2), dtype=torch.int64, device=dev)
     t = targets.to(device=dev, dtype=torch.int64).contiguous()
     if n:
-        if lean:
+        if compact:
+            _LAST[0] = _partials_compact[(n * nch,)](ref, cand, ref.stride(0), cand.stride(0), vocab, nch, pf,
+                                                     exp_table(fast_exp, dev), CHUNK=chunk, EXP=int(fast_exp),
+                                                     CVT=int(cvt), LDC=int(ldc), num_warps=num_warps)
+        elif lean:
             nq = n * nch
-            _partials_lean[(triton.cdiv(nq, lean),)](ref, cand, ref.stride(0), cand.stride(0), vocab, nch, nq,
-                                                     pf, pk, CHUNK=chunk, G=int(lean), EXP=int(fast_exp),
-                                                     num_warps=num_warps)
+            _LAST[0] = _partials_lean[(triton.cdiv(nq, lean),)](ref, cand, ref.stride(0), cand.stride(0), vocab, nch, nq,
+                                                     pf, pk, exp_table(fast_exp, dev), CHUNK=chunk, G=int(lean),
+                                                     EXP=int(fast_exp), CVT=int(cvt), LDC=int(ldc), num_warps=num_warps)
         else:
             _partials[(n * nch,)](ref, cand, ref.stride(0), cand.stride(0), vocab, nch, pf, pk,
                                   CHUNK=chunk, FAST_EXP=int(fast_exp), num_warps=num_warps)
-        _combine[(n,)](pf, pk, ref, cand, ref.stride(0), cand.stride(0), t, figs, outi, bia, nch,
-                       NCH_P2=triton.next_power_of_2(nch), num_warps=1)
-        # the rank pass re-reads candidate chunks at the partials' granularity (their maxima decide)
-        _rank[(n * nch,)](cand, cand.stride(0), vocab, nch, pf, bia, outi, CHUNK=chunk, num_warps=num_warps)
+        _combine[(n,)](pf, pk, ref, cand, ref.stride(0), cand.stride(0), t, figs, outi, bia, nch, vocab,
+                       NCH_P2=triton.next_power_of_2(nch), SCAN=chunk if compact else 0,
+                       RANK=int(bool(compact and rank_in_combine)), num_warps=combine_warps if compact else 1)
+        if not (compact and rank_in_combine):
+            # the rank pass re-reads candidate chunks at the partials' granularity (their maxima decide)
+            _rank[(n * nch,)](cand, cand.stride(0), vocab, nch, pf, bia, outi, CHUNK=chunk, num_warps=num_warps)
     rank = outi[:, 2]
     flags = torch.stack([rank < 1, rank < 5, rank < 10, outi[:, 0] != 0], dim=1)
     return figs, flags, outi[:, 1] != 0
