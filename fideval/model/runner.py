@@ -28,6 +28,7 @@ import torch
 
 from fideval.errors import FidevalError
 from fideval.model import determinism
+from fideval.model import experts as experts_path
 from fideval.model.adapters import MODULE_CLASSES, Adapter, classify, expert_range
 from fideval.model.checkpoint import Checkpoint
 
@@ -157,7 +158,7 @@ class Runner:
                  host_budget_bytes: int | None = None, device_budget_bytes: int | None = None,
                  rank: int = 0, world: int = 1, group=None, prefetch: bool = True, ledger: Ledger | None = None,
                  attn_implementation: str | None = None, experts_implementation: str | None = None,
-                 mlp_tokens: int | None = None, profile: bool = False, checkpoint=None):
+                 mlp_tokens: int | None = None, profile: bool = False, checkpoint=None, lean_experts: bool = True):
         determinism.configure()
         self.device = resolve_device(device)
         self.dtype = dtype
@@ -175,6 +176,7 @@ class Runner:
         self.rank, self.world, self.group = rank, world, group
         self.prefetch = prefetch
         self.mlp_tokens = mlp_tokens  # None: call each decoder layer whole, per micro-batch
+        self.lean_experts = lean_experts  # False: transformers' own grouped_mm experts forward (A/B in the bench)
         self.profile = profile
         self.ledger = ledger or Ledger()
         self.host_budget = host_budget_bytes or DEFAULT_HOST_BUDGET
@@ -269,14 +271,20 @@ class Runner:
         fn = self.act_transform.get("routed_experts")
         world, group = self.world, self.group
         original = experts.forward
+        # one rank, grouped_mm selected, a gated bias-free module: the same bits with less traffic (experts.py)
+        lean = (self.lean_experts and world == 1 and experts_path.supported(experts)
+                and getattr(self.adapter.config, "_experts_implementation", None) == "grouped_mm")
+        if lean:
+            original = lambda h, i, w: experts_path.forward(experts, h, i, w)  # noqa: E731
         if fn is not None:
             # the down projection's input exists only inside the experts' forward: transformers' grouped_mm
-            # path computes it in ``_apply_gate``, so we wrap that and call the grouped_mm path directly.
+            # path (and experts.py) computes it in ``_apply_gate``, so we wrap that and call the grouped_mm path.
             from transformers.integrations.moe import grouped_mm_experts_forward
 
             gate = experts._apply_gate
             experts._apply_gate = lambda x: fn(gate(x))
-            original = lambda h, i, w: grouped_mm_experts_forward(experts, h, i, w)  # noqa: E731
+            if not lean:
+                original = lambda h, i, w: grouped_mm_experts_forward(experts, h, i, w)  # noqa: E731
 
         def forward(hidden, top_k_index, top_k_weights):
             if ex is not None:

@@ -1,0 +1,58 @@
+"""fideval.model.experts against transformers' own grouped_mm experts path: the same bits, module by module.
+
+The oracle is ``transformers.integrations.moe.grouped_mm_experts_forward`` itself, on the experts modules of the
+tiny MoE checkpoints (random routing, repeated experts, experts that receive no token), in float32 and bfloat16.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from transformers.integrations.moe import grouped_mm_experts_forward
+
+import model_fixtures as mf
+from fideval.model import experts
+
+
+def _experts_module(name: str, dtype: torch.dtype):
+    from transformers import AutoModelForCausalLM
+
+    torch.manual_seed(3)
+    model = AutoModelForCausalLM.from_config(mf.configs()[name], dtype=dtype)
+    with torch.no_grad():
+        for p in model.parameters():
+            p.copy_(0.1 * torch.randn_like(p))
+    return next(m for n, m in model.named_modules() if n.endswith("mlp.experts"))
+
+
+@pytest.mark.parametrize("name", ["qwen3_moe", "deepseek_v3", "mixtral"])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_same_bits_as_transformers_grouped_mm(name, dtype):
+    mod = _experts_module(name, dtype)
+    assert experts.supported(mod)
+    g = torch.Generator().manual_seed(5)
+    n, k, e = 37, 2, mod.num_experts
+    h = torch.randn(n, mod.gate_up_proj.shape[-1] if not mod.is_transposed else mod.gate_up_proj.shape[1],
+                    generator=g).to(dtype)
+    idx = torch.randint(0, e - 1, (n, k), generator=g)  # the last expert gets nothing
+    w = torch.rand(n, k, generator=g)  # float32, as the routers return them
+    with torch.no_grad():
+        want = grouped_mm_experts_forward(mod, h, idx, w)
+        got = experts.forward(mod, h, idx, w)
+    assert got.dtype == want.dtype == dtype
+    assert torch.equal(got, want)
+
+
+def test_gather_scale_promotes_like_torch():
+    g = torch.Generator().manual_seed(6)
+    y = torch.randn(10, 7, generator=g).to(torch.bfloat16)
+    idx = torch.randperm(10, generator=g)
+    for w in (torch.rand(10, generator=g), torch.rand(10, generator=g).to(torch.bfloat16)):
+        got = experts.gather_scale(y, idx, w)
+        want = y[idx] * w.unsqueeze(-1)
+        assert got.dtype == want.dtype and torch.equal(got, want)
+
+
+def test_biased_experts_are_left_to_transformers():
+    mod = _experts_module("gpt_oss", torch.float32)
+    assert not experts.supported(mod)
