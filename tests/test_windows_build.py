@@ -61,7 +61,7 @@ def corpus(tmp_path):
 
 def test_outputs_recompute_and_cuts_concatenate(tmp_path, model, tok, capsys):
     rec, _ = build(tmp_path, model, capsys, corpus(tmp_path))
-    assert rec["format"] == "fideval.eval-windows" and rec["version"] == 1
+    assert rec["format"] == "fideval.eval-windows" and rec["version"] == 2
     assert rec["screen"]["status"] == "skipped"
     wins = read_sequences(tmp_path / "out" / "windows-256")
     cuts = read_sequences(tmp_path / "out" / "cuts-64")

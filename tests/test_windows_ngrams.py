@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 
 from fideval.windows import ngrams as ng
-from fideval.windows.overlap import CalibrationIndex, Hasher, attribute, overlap_of
+from fideval.windows.overlap import CalibrationIndex, Hasher, Queries, attribute, overlap_of
 
 
 def oracle_words(text: str) -> list[str]:
@@ -125,3 +125,83 @@ def test_batched_overlaps_equal_per_document():
     cal_set = {g for d in cal for g in oracle_grams(d, 5)}
     assert total.tolist() == [len(oracle_grams(d, 5)) for d in ev]
     assert matched.tolist() == [sum(g in cal_set for g in oracle_grams(d, 5)) for d in ev]
+
+
+M64 = (1 << 64) - 1
+
+
+def _smx(x: int) -> int:
+    x ^= x >> 30
+    x = (x * 0xBF58476D1CE4E5B9) & M64
+    x ^= x >> 27
+    x = (x * 0x94D049BB133111EB) & M64
+    return x ^ (x >> 31)
+
+
+def oracle_word_hash(word: str) -> int:
+    """The hash as documented in ngrams.py, transcribed with Python ints (independent of the kernels)."""
+    b = word.encode("utf-8")
+    chunks = [int.from_bytes(b[i:i + 8], "little") for i in range(0, len(b), 8)]
+    h = (chunks[0] + len(b) * 0x9E3779B97F4A7C15) & M64
+    for c in chunks[1:]:
+        h = (h * 0x100000001B3 + _smx(c)) & M64
+    return _smx(h)
+
+
+def oracle_ngram_hash(units: list[int]) -> int:
+    return _smx(sum(u * pow(0x9E3779B97F4A7C15, j, 1 << 64) for j, u in enumerate(units)) & M64)
+
+
+def test_compiled_hashes_equal_the_documented_definition():
+    rng = np.random.default_rng(11)
+    long = ["x" * k for k in range(1, 40)] + ["Ünïcödé" * 3, "ﬁ" * 9, "a1b2c3d4e5f6g7h8i9"]
+    docs = _rand_docs(rng, 30, VOCAB) + SAMPLES + [" ".join(long), "  ".join(long[::-1]) + " !"]
+    h, doc = ng.word_hashes(docs)
+    words = [w for d in docs for w in oracle_words(d)]
+    assert h.tolist() == [oracle_word_hash(w) for w in words]
+    assert doc.tolist() == [i for i, d in enumerate(docs) for _ in oracle_words(d)]
+    for n in (1, 4, 13):
+        g, gdoc = ng.text_ngrams(docs, n)
+        want = [(oracle_ngram_hash([oracle_word_hash(w) for w in ws[i:i + n]]), k)
+                for k, ws in enumerate(oracle_words(d) for d in docs) for i in range(len(ws) - n + 1)]
+        assert list(zip(g.tolist(), gdoc.tolist())) == want
+
+
+@pytest.mark.parametrize("unit", ["words", "tokens"])
+def test_queries_pass_equals_bruteforce_and_full_index(unit):
+    """The windows stage's path (evaluation side indexed, calibration streamed in small batches on two
+    threads, queued over two passes) against brute-force sets and the full index."""
+    rng = np.random.default_rng(21)
+    vocab = np.array([f"q{i}" for i in range(5)] + ["Zz,", "zz"])
+    cal = _rand_docs(rng, 40, vocab, 10, 80)
+    ev = _rand_docs(rng, 10, vocab, 5, 60) + [cal[5], cal[9][: len(cal[9]) // 3]]
+    n = 4
+    if unit == "words":
+        hasher = Hasher("words", n)
+        grams = (lambda d: oracle_grams(d, n))
+    else:
+        ids = {w: i for i, w in enumerate(sorted({w for d in cal + ev for w in oracle_words(d)}))}
+        hasher = Hasher("tokens", n, encode=lambda t: np.array([ids[w] for w in oracle_words(t)], np.int64))
+        grams = (lambda d: [tuple(ids[w] for w in g) for g in oracle_grams(d, n)])
+    cal_set = {g for d in cal for g in grams(d)}
+    full = CalibrationIndex.build(cal, hasher)
+    q = Queries(hasher)
+    first, second = ev[:6], ev[6:]
+    assert all(q.overlap(hasher.of_texts([d])[0]) is None or not grams(d) for d in first)
+    q.resolve(((i, d) for i, d in enumerate(cal)), batch_chars=200)
+    assert q.documents == len(cal) and q.ngrams == sum(len(grams(d)) for d in cal)
+    for d in second:  # a second round: queued after the first pass
+        q.overlap(hasher.of_texts([d])[0])
+    q.resolve(((i, d) for i, d in enumerate(cal)), batch_chars=200)
+    for d in ev:
+        h = hasher.of_texts([d])[0]
+        ov = q.overlap(h)
+        assert ov is not None
+        assert (ov.total, ov.matched) == (len(grams(d)), sum(g in cal_set for g in grams(d)))
+        assert ov.matched == overlap_of(h, full).matched
+        assert np.array_equal(ov.matched_hashes, overlap_of(h, full).matched_hashes)
+    # attribution from the same passes equals a pass of its own
+    from fideval.windows.overlap import rank
+
+    targets = {str(i): q.overlap(hasher.of_texts([d])[0]).matched_hashes for i, d in enumerate(ev)}
+    assert rank(q.pair_doc, q.pair_hash, q.origins, targets) == attribute(enumerate(cal), targets, hasher)

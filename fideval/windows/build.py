@@ -5,11 +5,24 @@ overlap with calibration exceeds ``screen.max_conversation_fraction`` are droppe
 packed window whose overlap exceeds ``screen.max_window_fraction`` is rejected and rebuilt from the next
 unused documents (the rejection is recorded on the window that replaced it), at most
 ``screen.max_replacements`` times per domain.
+
+**How the screen is driven (why the stage runs in rounds).** The screen indexes the evaluation side and
+streams the calibration data past it (``overlap.py``), so it needs the n-grams *before* the pass, while
+which windows get packed depends on the screen's answers (a rejected window is replaced by later
+documents; a dropped conversation shifts everything packed after it). So the stage runs the plain
+sequential algorithm above in rounds: a round runs it with the answers known so far, treating an
+unresolved conversation or window as clean for now and queueing its n-grams, and packs a few spare
+windows past the last one it needs (``spare_windows``) so that replacements are queued too; then one
+calibration pass resolves everything queued. A round that met no unresolved n-gram is the sequential
+algorithm with exact answers, and its windows, records and statistics are the result. Usually that is
+the second round, after a single calibration pass (two when conversations are dropped). Documents read
+are kept (:class:`Replay`) and encodings cached, so a round re-reads no source and re-encodes nothing.
+An error met in a round that used unresolved answers is not final: the next round decides.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -52,20 +65,73 @@ def config_hash(cfg: Config) -> str:
     return canonical_hash({"windows": p["windows"], "domains": p["domains"], "screen": p["screen"]})
 
 
-def build_domain(dom: Domain, cfg: Config, enc: Encoder, screen: Screen | None) -> tuple[list[Built], DomainStats]:
+def spare_windows(want: int, max_replacements: int) -> int:
+    """Windows packed past the last one a round needs, so that replacements are queued in the same pass."""
+    return min(max_replacements, max(2, want // 8))
+
+
+class Replay:
+    """A document stream that can be read again from its start: what was read is kept (the documents of
+    a domain that its windows need, plus one sampling block), and so is an error the source raised, which
+    is raised again at the same position."""
+
+    def __init__(self, it: Iterable[Document]):
+        self.it = iter(it)
+        self.cache: list[Document] = []
+        self.error: Exception | None = None
+        self.done = False
+
+    def __iter__(self) -> Iterator[Document]:
+        i = 0
+        while True:
+            if i < len(self.cache):
+                yield self.cache[i]
+                i += 1
+                continue
+            if self.error is not None:
+                raise self.error
+            if self.done:
+                return
+            try:
+                self.cache.append(next(self.it))
+            except StopIteration:
+                self.done = True
+            except FidevalError as e:
+                self.error = e
+
+
+@dataclass
+class Round:
+    """What one round of one domain met: answers not resolved yet (queued with the screen)."""
+
+    unresolved: int = 0
+
+
+def build_domain(dom: Domain, cfg: Config, enc: Encoder, screen: Screen | None, docs: Iterable[Document] | None = None,
+                 memo: dict[int, Encoded] | None = None, rnd: Round | None = None) -> tuple[list[Built], DomainStats]:
+    """One domain's windows by the sequential algorithm (module docstring). With a ``queries`` screen an
+    answer may be unresolved: it counts as clean in this round (``rnd.unresolved``), and spare windows are
+    packed (and queued) after the last one needed."""
     w, want = cfg.windows.window_tokens, cfg.windows.windows_per_domain
     stats = DomainStats()
-    docs = sampled(iter_documents(dom.source, f"domains.{dom.name}.source", enc.render), domain_rng(cfg.windows.seed, dom.name))
+    rnd = rnd if rnd is not None else Round()
+    memo = memo if memo is not None else {}
+    if docs is None:
+        docs = sampled(iter_documents(dom.source, f"domains.{dom.name}.source", enc.render), domain_rng(cfg.windows.seed, dom.name))
 
     def encoded() -> Iterator[tuple[Document, Encoded]]:
         for d in docs:
             stats.documents_read += 1
             if screen is not None and dom.kind == "chat":
                 ov = screen.of_text(d.text)
-                if ov.fraction > screen.cfg.max_conversation_fraction:
+                if ov is None:
+                    rnd.unresolved += 1
+                elif ov.fraction > screen.cfg.max_conversation_fraction:
                     stats.dropped.append({"source": d.origin, "overlap": ov.fraction, "ngrams": ov.total})
                     continue
-            e = enc.encode(d.text)
+            e = memo.get(id(d))
+            if e is None:
+                e = memo[id(d)] = enc.encode(d.text)
             stats.tokens_read += int(e.ids.size)
             if e.ids.size == 0:
                 stats.empty_documents += 1
@@ -84,7 +150,9 @@ def build_domain(dom: Domain, cfg: Config, enc: Encoder, screen: Screen | None) 
                 f"({stats.documents_read} documents, {stats.tokens_read:,} tokens read; {want} x {w:,} tokens asked)",
                 hint="add documents, or lower windows_per_domain / window_tokens")
         ov = screen.of_segments(win.segments()) if screen is not None else None
-        if ov is not None and ov.fraction > screen.cfg.max_window_fraction:
+        if screen is not None and ov is None:
+            rnd.unresolved += 1
+        elif ov is not None and ov.fraction > screen.cfg.max_window_fraction:
             n_rejected += 1
             if n_rejected > screen.cfg.max_replacements:
                 raise FidevalError(f"domains.{dom.name}: more than {screen.cfg.max_replacements} windows failed the overlap "
@@ -94,6 +162,18 @@ def build_domain(dom: Domain, cfg: Config, enc: Encoder, screen: Screen | None) 
             continue
         built.append(Built(domain=dom.name, k=len(built), window=win, overlap=ov, rejected=rejected))
         rejected = []
+    if rnd.unresolved:  # not final: queue the windows that replacements would come from
+        spare = DomainStats()
+        stats_final, stats = stats, spare  # what the spares read is not this round's record
+        try:
+            for _ in range(spare_windows(want, screen.cfg.max_replacements)):
+                win = pack_window(stream, w, enc)
+                if win is None:
+                    break
+                screen.of_segments(win.segments())
+        except FidevalError:
+            pass  # a source error past the needed documents: the round that needs them raises it
+        stats = stats_final
     return built, stats
 
 
@@ -101,11 +181,28 @@ def build(cfg: Config) -> tuple[list[Built], dict[str, Any]]:
     """Build every domain's windows; returns them and the record fields that are not per-window."""
     tok_dir = resolve_path(cfg.model.tokenizer or cfg.model.path)
     enc = Encoder(load_tokenizer(tok_dir, cfg.model.trust_remote_code), cfg.windows.separator)
-    screen = Screen.from_config(cfg.screen, enc)
+    screen = Screen.from_config(cfg.screen, enc, mode="queries")
+    streams = {dom.name: Replay(sampled(iter_documents(dom.source, f"domains.{dom.name}.source", enc.render),
+                                        domain_rng(cfg.windows.seed, dom.name))) for dom in cfg.domains}
+    memo: dict[int, Encoded] = {}
+    while True:  # rounds (module docstring)
+        results: dict[str, tuple[list[Built], DomainStats]] = {}
+        unresolved = 0
+        for dom in cfg.domains:
+            rnd = Round()
+            try:
+                results[dom.name] = build_domain(dom, cfg, enc, screen, streams[dom.name], memo, rnd)
+            except FidevalError:
+                if not rnd.unresolved:
+                    raise
+            unresolved += rnd.unresolved
+        if screen is None or (not unresolved and screen.queries.passes):
+            break
+        screen.resolve()  # one calibration pass for everything queued (the first pass also checks the sources)
     out: list[Built] = []
     domains: dict[str, Any] = {}
     for dom in cfg.domains:
-        built, st = build_domain(dom, cfg, enc, screen)
+        built, st = results[dom.name]
         out += built
         domains[dom.name] = {"kind": dom.kind, "source": describe(dom.source), "documents_read": st.documents_read,
                              "empty_documents": st.empty_documents, "tokens_read": st.tokens_read,

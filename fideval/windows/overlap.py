@@ -5,32 +5,57 @@ that same text. GPT-3 and lm-evaluation-harness flag contamination by 13-gram ov
 window (default: at most 5 % of its content 13-grams seen in calibration) and each chat conversation
 before packing (at most 2 %), and rebuild or drop what fails.
 
-**Index: sorted unique uint64 arrays, not a Bloom filter.** The calibration set is streamed in batches
-of documents; their n-gram hashes (:mod:`fideval.windows.ngrams`) are written into one buffer of
-``merge_every`` entries, which, when full, is sorted in place, deduplicated and merged into the index
-(concatenating two sorted runs and sorting again is cheap), so memory stays ~ 8 bytes per distinct
-calibration n-gram plus the buffer (and one copy of the index during a merge). One sort of everything
-costs less than sorting runs and merging them, hence the large buffer. Lookup is ``np.searchsorted`` on the final array. We chose this over a
-Bloom filter because it is exact up to 64-bit hash collisions (false-positive rate N / 2^64 per query,
-versus a Bloom filter's designed ~1e-3 at 10 bits per entry), so the recorded fraction equals a
-brute-force set computation; at 8 bytes per n-gram a 2 GB budget still holds ~200 M distinct calibration
-13-grams, beyond which a Bloom filter (1.25 bytes/entry at 1 % FPR) would be the next step.
+**Index the small side** (:class:`Queries`, what ``fideval windows`` uses). The screen only has to know
+which *evaluation* n-grams occur in calibration, and the evaluation side is small (a million tokens)
+while calibration sets are large (tens of millions to billions of tokens). So the evaluation n-grams are
+hashed first and held as one sorted unique uint64 array with two probe tables
+(:func:`fideval.windows.kernels.build_probe`): a blocked Bloom prefilter of ~32 bits per query (4 MB for
+a million: one word read per probe, ~0.2 % of absent n-grams pass), and bucket starts over the top
+log2(queries) bits for the exact 64-bit comparison of those that pass. Not a Bloom filter *instead* of
+the hashes: the prefilter only saves work, every reported match is an exact 64-bit equality. The calibration stream is then hashed
+batch by batch (:func:`scan`) and each of its n-grams probed as it is made; nothing of calibration is
+kept but the matches. Memory is O(evaluation n-grams + one batch), whatever the calibration size; there
+is no sort of calibration hashes at all. The answer is exact up to 64-bit hash collisions (the
+false-positive rate stays N / 2^64 per n-gram), so fractions equal a brute-force set computation.
 
-Attribution ("which calibration documents did this window match") needs document identities the index
-does not keep; :func:`attribute` does a second, targeted pass over the calibration stream that only
-tests n-grams already known to match.
+Because the pass sees, for every match, the calibration document it came from, attribution ("which
+calibration documents did this window match") comes out of the same pass: each batch keeps its distinct
+(document, matched hash) pairs and the origins of the documents that matched (:func:`rank`).
+
+The windows stage does not know every window it will screen before the pass (a rejected window is
+replaced by one packed from later documents, a dropped conversation shifts the packing), so
+:class:`Queries` accumulates: hashes it has not resolved are collected, and one pass resolves all of them;
+``fideval windows`` packs ahead (spare windows) so that one pass is usually enough
+(:mod:`fideval.windows.build`).
+
+**Full index** (:class:`CalibrationIndex`, what the report-only ``fideval screen`` verb uses, since it asks
+window by window): every calibration n-gram hash in one sorted unique uint64 array, built by hashing
+batches into a buffer of ``merge_every`` entries that is sorted, deduplicated and merged into the index
+when full (~8 bytes per distinct calibration n-gram: a 2 GB budget holds ~200 M). Exact in the same way.
+
+Both use the same hashing (:mod:`fideval.windows.ngrams`), so they give the same fractions.
 """
 
 from __future__ import annotations
 
+import threading
+from collections import deque
 from collections.abc import Callable, Iterable, Iterator, Sequence
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
+from typing import Any
 
 import numpy as np
 
+from fideval.windows import kernels
 from fideval.windows import ngrams as ng
 
 BATCH_CHARS = 256 << 10  # documents are hashed in batches of ~this many characters (cache-sized arrays)
+SCAN_BATCH_CHARS = 2 << 20  # the calibration pass: bigger batches, fewer hand-offs between threads
+SCAN_THREADS = 2  # hashing threads of the calibration pass (the compiled loop runs without the GIL)
+
+
+_SCRATCH = threading.local()  # each hashing thread's work arrays (kernels.Scratch)
 
 
 def batched(docs: Iterable, size_of: Callable[[object], int], limit: int = BATCH_CHARS) -> Iterator[list]:
@@ -64,6 +89,207 @@ class Hasher:
         if self.unit == "words":
             return ng.text_ngrams([decode(s) for s in seqs], self.n)
         return ng.token_ngrams(seqs, self.n)
+
+    def prepare(self, texts: Sequence[str]) -> tuple[np.ndarray, np.ndarray]:
+        """The part of hashing that needs Python objects (normalising non-ASCII text, encoding tokens):
+        done on the calling thread; the rest is :meth:`probe`, which needs no GIL."""
+        if self.unit == "words":
+            return ng.doc_buffer(texts)
+        assert self.encode is not None, "the tokens unit needs a tokenizer"
+        return ng.token_units([self.encode(t) for t in texts])
+
+    def probe(self, prepared: tuple[np.ndarray, np.ndarray], p: "Probe") -> tuple[int, np.ndarray, np.ndarray]:
+        a, b = prepared
+        if self.unit == "words":
+            sc = getattr(_SCRATCH, "words", None)
+            if sc is None:
+                sc = _SCRATCH.words = kernels.Scratch()
+            return kernels.scan_words(a, b, ng._LUT, self.n, p.bitmap, p.bits, p.hashes, p.starts, p.bucket_bits, sc)
+        return kernels.scan_units(a, b, self.n, p.bitmap, p.bits, p.hashes, p.starts, p.bucket_bits)
+
+
+# == the small side: queries =================================================================================
+
+
+@dataclass
+class Probe:
+    """Sorted unique query hashes and their probe tables (see the module docstring)."""
+
+    hashes: np.ndarray
+    bits: int
+    bucket_bits: int
+    bitmap: np.ndarray
+    starts: np.ndarray
+
+    @classmethod
+    def of(cls, hashes: np.ndarray) -> "Probe":
+        q = ng.sorted_unique(np.asarray(hashes, np.uint64))
+        lg = max(1, int(q.size - 1).bit_length())  # ceil(log2(size))
+        bits = min(max(lg + 5, 7), 31)  # >= 32 bits per query (blocked Bloom, see build_probe); 256 MiB at most
+        bucket_bits = min(lg, 28)
+        bitmap, starts = kernels.build_probe(q, bits, bucket_bits)
+        return cls(hashes=q, bits=bits, bucket_bits=bucket_bits, bitmap=bitmap, starts=starts)
+
+    def find(self, h: np.ndarray) -> np.ndarray:
+        """Index of each of ``h`` in :attr:`hashes`, or -1."""
+        return kernels.lookup(np.ascontiguousarray(h, np.uint64), self.bitmap, self.bits, self.hashes, self.starts,
+                              self.bucket_bits)
+
+
+@dataclass
+class Scan:
+    """One calibration pass against a :class:`Probe`: which queries were seen, counts, and for attribution
+    every distinct (calibration document, matched hash) pair with the origins of those documents."""
+
+    seen: np.ndarray  # bool, aligned with the probe's hashes
+    documents: int
+    ngrams: int  # calibration n-grams, with repeats
+    pair_doc: np.ndarray  # int64 calibration document number (stream order)
+    pair_hash: np.ndarray  # uint64
+    origins: dict[int, Any]
+
+
+def scan(docs: Iterable[tuple[Any, str]], hasher: Hasher, probe: Probe, *, batch_chars: int = SCAN_BATCH_CHARS,
+         threads: int = SCAN_THREADS, on_batch: Callable[[int], None] | None = None) -> Scan:
+    """Stream ``docs`` ((origin, text) in stream order) through ``probe``.
+
+    The calling thread reads and prepares batch k+1 (JSON, Python strings: it holds the GIL) while up to
+    ``threads`` workers run the compiled hash-and-probe loop on earlier batches (no GIL); results are taken
+    in order, so counts, pairs and origins do not depend on timing. At most ``threads + 1`` batches are
+    in flight: memory stays a few batches.
+    """
+    seen = np.zeros(probe.hashes.size, bool)
+    pair_doc: list[np.ndarray] = []
+    pair_hash: list[np.ndarray] = []
+    origins: dict[int, Any] = {}
+    counts = [0, 0]  # documents, n-grams
+    inflight: deque = deque()
+
+    def take() -> None:
+        fut, base, batch = inflight.popleft()
+        grams, hd, hq = fut.result()
+        counts[1] += int(grams)
+        if hq.size:
+            seen[hq] = True
+            key = np.unique(hd * probe.hashes.size + hq)  # distinct (document, query) pairs
+            d, q = np.divmod(key, probe.hashes.size)
+            pair_doc.append(d + base)
+            pair_hash.append(probe.hashes[q])
+            for i in np.unique(d).tolist():
+                origins[base + i] = batch[i][0]
+
+    with ThreadPoolExecutor(max(1, threads)) as pool:
+        for batch in batched(docs, lambda d: len(d[1]), batch_chars):
+            prepared = hasher.prepare([t for _, t in batch])
+            inflight.append((pool.submit(hasher.probe, prepared, probe), counts[0], batch))
+            counts[0] += len(batch)
+            if on_batch:
+                on_batch(sum(len(t) for _, t in batch))
+            while len(inflight) > max(1, threads):
+                take()
+        while inflight:
+            take()
+    cat = (lambda xs, dt: np.concatenate(xs) if xs else np.zeros(0, dt))
+    return Scan(seen=seen, documents=counts[0], ngrams=counts[1], pair_doc=cat(pair_doc, np.int64),
+                pair_hash=cat(pair_hash, np.uint64), origins=origins)
+
+
+class Queries:
+    """Evaluation n-gram hashes and whether each occurs in calibration, resolved by calibration passes.
+
+    :meth:`overlap` answers for hashes already resolved and collects the others (answering ``None``);
+    :meth:`resolve` runs one pass (:func:`scan`) for everything collected. Attribution pairs and origins
+    accumulate over passes.
+    """
+
+    def __init__(self, hasher: Hasher):
+        self.hasher = hasher
+        self.known = np.zeros(0, np.uint64)  # sorted unique resolved hashes
+        self.seen = np.zeros(0, bool)
+        self.pending: list[np.ndarray] = []
+        self.passes = 0
+        self.documents = 0
+        self.ngrams = 0
+        self.pair_doc = np.zeros(0, np.int64)
+        self.pair_hash = np.zeros(0, np.uint64)
+        self.origins: dict[int, Any] = {}
+
+    def _locate(self, h: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        i = np.searchsorted(self.known, h)
+        i = np.minimum(i, max(self.known.size - 1, 0))
+        found = self.known[i] == h if self.known.size else np.zeros(h.shape, bool)
+        return i, found
+
+    def overlap(self, h: np.ndarray) -> "Overlap | None":
+        """The overlap of n-grams ``h``, or ``None`` (and ``h`` is queued) if some are not resolved yet."""
+        i, found = self._locate(h)
+        if not found.all():
+            self.pending.append(h[~found])
+            return None
+        hit = self.seen[i] if h.size else np.zeros(0, bool)
+        return Overlap(total=int(h.size), matched=int(hit.sum()), matched_hashes=ng.sorted_unique(h[hit]))
+
+    def contains(self, h: np.ndarray) -> np.ndarray:
+        """Boolean mask: which of ``h`` occur in calibration (every one must be resolved)."""
+        i, found = self._locate(h)
+        if not found.all():
+            raise ValueError(f"{int((~found).sum())} n-grams were never resolved (queue them and resolve first)")
+        return self.seen[i] if h.size else np.zeros(h.shape, bool)
+
+    @property
+    def unresolved(self) -> int:
+        return sum(p.size for p in self.pending)
+
+    def resolve(self, docs: Iterable[tuple[Any, str]], **kw: Any) -> Scan | None:
+        """One calibration pass for every queued hash (``docs``: (origin, text) in stream order)."""
+        new = ng.sorted_unique(np.concatenate(self.pending)) if self.pending else np.zeros(0, np.uint64)
+        self.pending = []
+        if self.known.size and new.size:
+            new = new[~self._locate(new)[1]]
+        if new.size == 0 and self.passes:
+            return None
+        probe = Probe.of(new)
+        res = scan(docs, self.hasher, probe, **kw)
+        self.passes += 1
+        self.documents, self.ngrams = res.documents, res.ngrams
+        allh = np.concatenate([self.known, probe.hashes])
+        order = np.argsort(allh, kind="stable")
+        self.known = allh[order]
+        self.seen = np.concatenate([self.seen, res.seen])[order]
+        self.pair_doc = np.concatenate([self.pair_doc, res.pair_doc])
+        self.pair_hash = np.concatenate([self.pair_hash, res.pair_hash])
+        self.origins.update(res.origins)
+        return res
+
+
+def rank(pair_doc: np.ndarray, pair_hash: np.ndarray, origins: dict[int, Any], targets: dict[str, np.ndarray],
+         top_k: int = 3) -> dict[str, list[dict]]:
+    """For each target (key -> its matched hashes), the ``top_k`` calibration documents sharing the most
+    distinct n-grams with it (ties: earlier in the stream first). ``pair_*``: distinct (document, hash)."""
+    out: dict[str, list[dict]] = {}
+    for key, th in targets.items():
+        if not th.size:
+            continue
+        d = pair_doc[np.isin(pair_hash, th)]
+        docs, counts = np.unique(d, return_counts=True)
+        order = np.lexsort((docs, -counts))[:top_k]
+        out[key] = [{"document": origins[int(docs[j])], "shared_ngrams": int(counts[j])} for j in order]
+    return out
+
+
+def attribute(cal_docs: Iterable[tuple[Any, str]], targets: dict[str, np.ndarray], hasher: Hasher,
+              top_k: int = 3) -> dict[str, list[dict]]:
+    """A pass of its own over ``cal_docs`` ((origin, text) in stream order) for attribution alone: for each
+    target (window id -> its matched hashes), the ``top_k`` calibration documents sharing the most distinct
+    n-grams with it. (The windows stage gets the same from its screening pass, see :class:`Queries`.)"""
+    targets = {k: v for k, v in targets.items() if v.size}
+    if not targets:
+        return {}
+    res = scan(cal_docs, hasher, Probe.of(np.concatenate(list(targets.values()))))
+    return rank(res.pair_doc, res.pair_hash, res.origins, targets, top_k)
+
+
+# == the full index ==========================================================================================
 
 
 @dataclass
@@ -137,36 +363,8 @@ def overlap_of(h: np.ndarray, index: CalibrationIndex) -> Overlap:
     return Overlap(total=int(h.size), matched=int(hit.sum()), matched_hashes=ng.sorted_unique(h[hit]))
 
 
-def overlaps_of(h: np.ndarray, group: np.ndarray, n_groups: int, index: CalibrationIndex) -> tuple[np.ndarray, np.ndarray]:
-    """(total, matched) n-gram counts per group for many documents at once: one sorted lookup for all of
-    them, which is what makes screening a million evaluation tokens cheap (consecutive sorted queries
-    land in the same cache lines of the index)."""
+def overlaps_of(h: np.ndarray, group: np.ndarray, n_groups: int,
+                index: CalibrationIndex | Queries) -> tuple[np.ndarray, np.ndarray]:
+    """(total, matched) n-gram counts per group for many documents at once: one lookup for all of them."""
     hit = index.contains(h)
     return (np.bincount(group, minlength=n_groups), np.bincount(group[hit], minlength=n_groups))
-
-
-def attribute(cal_docs: Iterable[tuple[dict, str]], targets: dict[str, np.ndarray], hasher: Hasher,
-              top_k: int = 3) -> dict[str, list[dict]]:
-    """Second pass: for each target (window id -> its matched hashes), the ``top_k`` calibration documents
-    sharing the most distinct n-grams with it. ``cal_docs`` yields (origin, text) in stream order."""
-    targets = {k: v for k, v in targets.items() if v.size}
-    best: dict[str, list[tuple[int, int, dict]]] = {k: [] for k in targets}
-    if not targets:
-        return {}
-    union = np.unique(np.concatenate(list(targets.values())))
-    seq = 0
-    for batch in batched(cal_docs, lambda d: len(d[1])):
-        h, doc = hasher.of_texts([t for _, t in batch])
-        keep = np.isin(h, union)
-        if keep.any():
-            pairs = np.unique(np.stack([doc[keep].astype(np.uint64), h[keep]]), axis=1)
-            for key, th in targets.items():
-                m = np.isin(pairs[1], th)
-                if not m.any():
-                    continue
-                counts = np.bincount(pairs[0][m].astype(np.int64), minlength=len(batch))
-                for d in np.flatnonzero(counts):
-                    best[key].append((-int(counts[d]), seq + int(d), batch[d][0]))
-                best[key] = sorted(best[key], key=lambda t: (t[0], t[1]))[:top_k]
-        seq += len(batch)
-    return {k: [{"document": origin, "shared_ngrams": -c} for c, _, origin in v] for k, v in best.items()}

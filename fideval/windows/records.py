@@ -23,7 +23,8 @@ from fideval.windows.packing import Window
 from fideval.windows.screen import overlap_record
 
 FORMAT = "fideval.eval-windows"
-VERSION = 1
+VERSION = 2  # v2: screen.calibration.distinct_ngrams may be null (docs/formats-windows.md)
+READABLE = (1, 2)  # v1 differs only in that field, so it is still read
 EVAL_WINDOWS = "eval-windows.json"
 INDEX = "index.parquet"
 STAGING = ".staging-"  # a dot-name: never mistaken for a result
@@ -108,7 +109,7 @@ def read_eval_windows(folder: Path) -> dict[str, Any]:
         rec = json.loads(path.read_text(encoding="utf-8"))
     except (json.JSONDecodeError, UnicodeDecodeError):
         raise FidevalError(f"{path} is not valid JSON", hint="rebuild the windows") from None
-    if rec.get("format") != FORMAT or rec.get("version") != VERSION:
+    if rec.get("format") != FORMAT or rec.get("version") not in READABLE:
         raise FidevalError(f"{path}: format {rec.get('format')!r} v{rec.get('version')}, expected {FORMAT} v{VERSION}",
                            hint="rebuild the windows with this fideval")
     return rec
