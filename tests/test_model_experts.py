@@ -56,3 +56,17 @@ def test_gather_scale_promotes_like_torch():
 def test_biased_experts_are_left_to_transformers():
     mod = _experts_module("gpt_oss", torch.float32)
     assert not experts.supported(mod)
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not (torch.cuda.is_available() and experts.triton is not None), reason="needs CUDA and triton")
+@pytest.mark.parametrize("wdtype", [torch.float32, torch.bfloat16])
+def test_gather_scale_kernel_matches_torch_on_the_gpu(wdtype):
+    """The fused CUDA kernel: the same bits as ``y[idx] * w[:, None]`` (odd widths, repeated rows)."""
+    g = torch.Generator(device="cuda").manual_seed(7)
+    y = torch.randn(300, 7168 + 3, device="cuda", generator=g).to(torch.bfloat16)
+    idx = torch.randint(0, 300, (1000,), device="cuda", generator=g)
+    w = torch.rand(1000, device="cuda", generator=g).to(wdtype)
+    got = experts.gather_scale(y, idx, w)
+    want = y[idx] * w.unsqueeze(-1)
+    assert got.dtype == want.dtype and torch.equal(got, want)
