@@ -26,7 +26,7 @@ Keys: a float32 maps to an order-preserving int32 (sign-magnitude flip, -0.0 can
 ``key = int32 << 32 | (2**31 - 1 - index)`` orders by (logit descending, index ascending) -- the documented
 tie rule -- so the max key is the argmax with the lowest index and ``#{keys > key(b[i])}`` is the rank.
 
-Exp: libdevice's float64 exp by default; two FMA-polynomial exps (``_exp64``, ``_exp64t``, both within
+Exp (the first kernel, ``_partials``): libdevice's float64 exp; two FMA-polynomial exps (``_exp64``, ``_exp64t``, both within
 2 ulp) are bench variants that measured slower on an H200. Measured (bench/RESULTS.md): ~1.3 M rows/s at
 vocab 129,280, 32 % of the copy-bandwidth ceiling, 7.5x plain torch float64 -- short of the 75 % goal.
 Memory is not the limit; whether float64 issue rate, conversions or latency is, has not been profiled.
