@@ -19,7 +19,7 @@ line) and screen the same evaluation documents, each in its own subprocess so pe
   baseline is built on the first ``--baseline-fraction`` of the calibration documents and its build
   time and memory are extrapolated linearly (stated in the table); its evaluation lookups are measured
   in full. fideval screens against that same subsample too, by both of its indexes (``Queries``, and the
-  full ``CalibrationIndex`` the ``fideval screen`` verb uses), and all three must count the same matches.
+  full ``CalibrationIndex``, the second implementation), and all three must count the same matches.
 
 numba compiles the loops once and caches them beside the source; the child loads them (first call)
 before the clock starts, and the table says how long that took and the speed-up with it counted.

@@ -160,6 +160,11 @@ def test_contaminated_window_is_replaced_and_fraction_matches_bruteforce(tmp_pat
     # the report-only verb recomputes the same fractions and writes nothing new
     code, out, _ = run_cli(["screen", cfg, "--windows", tmp_path / "screened"], capsys)
     assert code == 0 and "0 of 3 windows above 5.0%" in out
+    printed = {ln.split()[0]: ln.split()[1:5] for ln in out.splitlines() if ln.split() and ln.split()[0] in wins}
+    assert set(printed) == {w["id"] for w in rec["windows"]}
+    for w in rec["windows"]:
+        total, matched, fraction, recorded = printed[w["id"]]
+        assert int(total) == w["overlap"]["ngrams"] and fraction == recorded == f"{w['overlap']['fraction']:.4f}"
 
 
 def test_conversation_overlap_drops_it_before_packing(tmp_path, model, tok, capsys):

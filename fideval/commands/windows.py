@@ -57,23 +57,29 @@ def register(app: typer.Typer) -> None:
         seqs = read_sequences(length_dir(windows_dir, "windows", rec["windows_config"]["window_tokens"]))
         tok_dir = resolve_path(cfg.model.tokenizer or cfg.model.path)
         enc = Encoder(load_tokenizer(tok_dir, cfg.model.trust_remote_code), rec["windows_config"]["separator"])
-        scr = Screen.from_config(cfg.screen, enc)
+        # the windows are all known up front: index them, then one calibration pass (overlap.py's Queries)
+        scr = Screen.from_config(cfg.screen, enc, mode="queries")
         if scr is None:
             typer.echo("screen: skipped (no screen.calibration configured)")
             return
         rows = {i: t for i, t in zip(seqs.ids, seqs.tokens)}
-        limit = cfg.screen.max_window_fraction
-        fails = 0
-        typer.echo(f"{'window':<24} {'ngrams':>8} {'matched':>8} {'fraction':>9}  recorded  verdict")
+        segments = {}
         for w in rec["windows"]:
             if w["id"] not in rows:
                 raise FidevalError(f"{windows_dir}: window {w['id']} is in eval-windows.json but not in the token file",
                                    hint="rebuild the windows")
             t = rows[w["id"]]
-            ov = scr.of_segments([t[a:b] for a, b in (d["tokens"] for d in w["documents"]) if b > a])
+            segments[w["id"]] = [t[a:b] for a, b in (d["tokens"] for d in w["documents"]) if b > a]
+            scr.of_segments(segments[w["id"]])  # queues its n-grams
+        scr.resolve()
+        limit = cfg.screen.max_window_fraction
+        fails = 0
+        typer.echo(f"{'window':<24} {'ngrams':>8} {'matched':>8} {'fraction':>9}  recorded  verdict")
+        for w in rec["windows"]:
+            ov = scr.of_segments(segments[w["id"]])
             fails += ov.fraction > limit
             old = w["overlap"]["fraction"] if w.get("overlap") else None
             typer.echo(f"{w['id']:<24} {ov.total:>8} {ov.matched:>8} {ov.fraction:>9.4f}  "
                        f"{'-' if old is None else f'{old:.4f}':>8}  {'FAIL' if ov.fraction > limit else 'ok'}")
         typer.echo(f"screen: {fails} of {len(rec['windows'])} windows above {limit:.1%} "
-                   f"({cfg.screen.unit} {cfg.screen.ngram}-grams, {scr.index.documents} calibration documents)")
+                   f"({cfg.screen.unit} {cfg.screen.ngram}-grams, {scr.documents} calibration documents)")

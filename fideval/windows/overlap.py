@@ -28,8 +28,8 @@ replaced by one packed from later documents, a dropped conversation shifts the p
 ``fideval windows`` packs ahead (spare windows) so that one pass is usually enough
 (:mod:`fideval.windows.build`).
 
-**Full index** (:class:`CalibrationIndex`, what the report-only ``fideval screen`` verb uses, since it asks
-window by window): every calibration n-gram hash in one sorted unique uint64 array, built by hashing
+**Full index** (:class:`CalibrationIndex`, for callers that must ask about n-grams not known before the
+pass, and a second, independent implementation the tests and the bench compare against): every calibration n-gram hash in one sorted unique uint64 array, built by hashing
 batches into a buffer of ``merge_every`` entries that is sorted, deduplicated and merged into the index
 when full (~8 bytes per distinct calibration n-gram: a 2 GB budget holds ~200 M). Exact in the same way.
 

@@ -8,8 +8,9 @@ Two modes, the same fractions (see ``overlap.py``):
   :meth:`Screen.of_segments` answer ``None`` for n-grams not resolved yet and queue them;
   :meth:`Screen.resolve` streams the calibration sources once for everything queued. Attribution comes
   from the same passes. Calibration memory is one batch.
-* ``full`` (``fideval screen``, which asks window by window): every calibration n-gram in one sorted
-  array, built up front; attribution is a second pass.
+* ``full``: every calibration n-gram in one sorted array, built up front, for callers that ask about
+  n-grams not known before a pass; attribution is a second pass. (``fideval screen`` knows all its windows
+  up front, so it uses ``queries`` too: queue them all, one pass, then read the answers.)
 """
 
 from __future__ import annotations
