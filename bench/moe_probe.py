@@ -19,22 +19,13 @@ import sys
 
 import torch
 
+from cuda_timing import timed as cuda_timed  # bench/, beside this file
+
 PEAK = 989e12
 
 
 def timed(fn, reps: int = 5) -> float:
-    fn()
-    torch.cuda.synchronize()
-    ts = []
-    for _ in range(reps):
-        a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        a.record()
-        fn()
-        b.record()
-        b.synchronize()
-        ts.append(a.elapsed_time(b) / 1e3)
-    ts.sort()
-    return ts[len(ts) // 2]
+    return cuda_timed(fn, reps, warmups=1)  # one warm-up: a call is 50-200 ms of 100 GB of buffers
 
 
 def gmm(x, w, offs):

@@ -24,22 +24,7 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 from fideval.score import reference, triton_kernel  # noqa: E402
 from fideval.score.metrics import max_rel_diff  # noqa: E402
-
-
-def timed(fn, reps: int) -> float:
-    """Median seconds of ``fn`` over ``reps`` runs after two warm-ups (CUDA events)."""
-    fn()
-    fn()
-    torch.cuda.synchronize()
-    times = []
-    for _ in range(reps):
-        s, e = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        s.record()
-        fn()
-        e.record()
-        e.synchronize()
-        times.append(s.elapsed_time(e) / 1e3)
-    return float(np.median(times))
+from cuda_timing import timed  # noqa: E402  (bench/, beside this file)
 
 
 def parse_config(cfg: str) -> dict:

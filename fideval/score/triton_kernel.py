@@ -233,6 +233,36 @@ if triton is not None:
                 tl.maximum(u1, u2), tl.maximum(v1, v2))
 
     @triton.jit
+    def _shifted_exps(a, b, ma32, mb32, sha, shb, TAB, EXP: tl.constexpr, CVT: tl.constexpr):
+        """``xa = a - m_a``, ``xb = b - m_b`` in float64 (-inf mapped to the lowest float32 first, so that
+        ``exp`` gives exactly 0 and ``0 * (xa - xb)`` stays 0) and their exps: EXP >= 4 the table exps, 3
+        ``_exp64m``, else libdevice's. For 3 and up the zero below 700 nats is decided in float32: a - m rounds
+        monotonically, so x >= -700 - 3e-5 wherever the exp's value is kept (its exponent add stays normal);
+        NaN (-inf - -inf) and -inf give 0. CVT 1: the float32->float64 conversion on the integer pipe."""
+        if CVT == 1:
+            xa = _f64_of_f32_bits(tl.maximum(a, -3.4028234663852886e38)) - sha
+            xb = _f64_of_f32_bits(tl.maximum(b, -3.4028234663852886e38)) - shb
+        else:
+            xa = tl.maximum(a, -3.4028234663852886e38).to(tl.float64) - sha
+            xb = tl.maximum(b, -3.4028234663852886e38).to(tl.float64) - shb
+        if EXP >= 4:
+            ea = tl.where(a - ma32 >= -700.0, _exp64_n(xa, TAB, EXP), 0.0)
+            eb = tl.where(b - mb32 >= -700.0, _exp64_n(xb, TAB, EXP), 0.0)
+        elif EXP == 3:
+            ea = tl.where(a - ma32 >= -700.0, _exp64m(xa), 0.0)
+            eb = tl.where(b - mb32 >= -700.0, _exp64m(xb), 0.0)
+        else:
+            ea = tl.exp(xa)
+            eb = tl.exp(xb)
+        return xa, xb, ea, eb
+
+    @triton.jit
+    def _pack8(j, ma, mb, s_a, s_b, x_, y_, ea_, flags):
+        """The eight float64 partials of one (row, chunk), laid along ``j = arange(8)`` for one store."""
+        return tl.where(j == 0, ma, tl.where(j == 1, mb, tl.where(j == 2, s_a, tl.where(j == 3, s_b, tl.where(
+            j == 4, x_, tl.where(j == 5, y_, tl.where(j == 6, ea_, flags.to(tl.float64))))))))
+
+    @triton.jit
     def _lean_chunk(a, b, offs, q, PF, PK, NQ, TAB, EXP: tl.constexpr, CVT: tl.constexpr):
         """The partials of one chunk with fewer per-element operations than ``_partials``: the flags come
         out of the max reduction itself. NaN-propagating maxima flag NaN/+inf (a NaN anywhere makes the chunk
@@ -249,29 +279,11 @@ if triton is not None:
         ia = tl.where(a == ma32, offs, 2147483647)
         sha = tl.where(ma > float("-inf"), ma, 0.0)
         shb = tl.where(mb > float("-inf"), mb, 0.0)
-        if CVT == 1:
-            xa = _f64_of_f32_bits(tl.maximum(a, -3.4028234663852886e38)) - sha
-            xb = _f64_of_f32_bits(tl.maximum(b, -3.4028234663852886e38)) - shb
-        else:
-            xa = tl.maximum(a, -3.4028234663852886e38).to(tl.float64) - sha
-            xb = tl.maximum(b, -3.4028234663852886e38).to(tl.float64) - shb
-        if EXP >= 4:
-            # table exps (see _exp64_tab), zero decided in float32 as for EXP 3
-            ea = tl.where(a - ma32 >= -700.0, _exp64_n(xa, TAB, EXP), 0.0)
-            eb = tl.where(b - mb32 >= -700.0, _exp64_n(xb, TAB, EXP), 0.0)
-        elif EXP == 3:
-            # decided in float32: a - m rounds monotonically, so x >= -700 - 3e-5 wherever this keeps _exp64m's
-            # value (its exponent add stays normal); NaN (-inf - -inf) and -inf give 0
-            ea = tl.where(a - ma32 >= -700.0, _exp64m(xa), 0.0)
-            eb = tl.where(b - mb32 >= -700.0, _exp64m(xb), 0.0)
-        else:
-            ea = tl.exp(xa)
-            eb = tl.exp(xb)
+        xa, xb, ea, eb = _shifted_exps(a, b, ma32, mb32, sha, shb, TAB, EXP, CVT)
         e = xa - xb
         s_a, s_b, x_, y_, ea_, ia = tl.reduce((ea, eb, ea * e, eb * e, ea * xa, ia), 0, _add5_min)
         j = tl.arange(0, 8)
-        vals = tl.where(j == 0, ma, tl.where(j == 1, mb, tl.where(j == 2, s_a, tl.where(j == 3, s_b, tl.where(
-            j == 4, x_, tl.where(j == 5, y_, tl.where(j == 6, ea_, flags.to(tl.float64))))))))
+        vals = _pack8(j, ma, mb, s_a, s_b, x_, y_, ea_, flags)
         tl.store(PF + q.to(tl.int64) * 8 + j, vals, mask=(j < 8) & (q + j * 0 < NQ))
         tl.store(PK + q + j * 0, ia + j * 0, mask=(j < 1) & (q + j * 0 < NQ))
 
@@ -344,24 +356,11 @@ if triton is not None:
         mb = mb32.to(tl.float64)
         sha = tl.where(ma > float("-inf"), ma, 0.0)
         shb = tl.where(mb > float("-inf"), mb, 0.0)
-        if CVT == 1:
-            xa = _f64_of_f32_bits(tl.maximum(a, -3.4028234663852886e38)) - sha
-            xb = _f64_of_f32_bits(tl.maximum(b, -3.4028234663852886e38)) - shb
-        else:
-            xa = tl.maximum(a, -3.4028234663852886e38).to(tl.float64) - sha
-            xb = tl.maximum(b, -3.4028234663852886e38).to(tl.float64) - shb
-        # zero decided in float32, as in _lean_chunk: a - m rounds monotonically; NaN (-inf - -inf) gives 0
-        if EXP >= 4:
-            ea = tl.where(a - ma32 >= -700.0, _exp64_n(xa, TAB, EXP), 0.0)
-            eb = tl.where(b - mb32 >= -700.0, _exp64_n(xb, TAB, EXP), 0.0)
-        else:
-            ea = tl.where(a - ma32 >= -700.0, _exp64m(xa), 0.0)
-            eb = tl.where(b - mb32 >= -700.0, _exp64m(xb), 0.0)
+        xa, xb, ea, eb = _shifted_exps(a, b, ma32, mb32, sha, shb, TAB, EXP, CVT)
         e = xa - xb
         s_a, s_b, x_, y_, ea_ = tl.reduce((ea, eb, ea * e, eb * e, ea * xa), 0, _add5)
         j = tl.arange(0, 8)
-        vals = tl.where(j == 0, ma, tl.where(j == 1, mb, tl.where(j == 2, s_a, tl.where(j == 3, s_b, tl.where(
-            j == 4, x_, tl.where(j == 5, y_, tl.where(j == 6, ea_, flags.to(tl.float64))))))))
+        vals = _pack8(j, ma, mb, s_a, s_b, x_, y_, ea_, flags)
         tl.store(PF + pid.to(tl.int64) * 8 + j, vals)
 
     @triton.jit
@@ -418,8 +417,7 @@ if triton is not None:
         e = xa - xb
         s_a, s_b, x_, y_, ea_, ia = tl.reduce((ea, eb, ea * e, eb * e, ea * xa, ia), 0, _add5_min)
         j = tl.arange(0, 8)
-        vals = tl.where(j == 0, ma, tl.where(j == 1, mb, tl.where(j == 2, s_a, tl.where(j == 3, s_b, tl.where(
-            j == 4, x_, tl.where(j == 5, y_, tl.where(j == 6, ea_, flags.to(tl.float64))))))))
+        vals = _pack8(j, ma, mb, s_a, s_b, x_, y_, ea_, flags)
         tl.store(PF + pid.to(tl.int64) * 8 + j, vals)
         tl.store(PK + pid, ia)
 
