@@ -57,8 +57,8 @@ def register(app: typer.Typer) -> None:
         seqs = read_sequences(length_dir(windows_dir, "windows", rec["windows_config"]["window_tokens"]))
         tok_dir = resolve_path(cfg.model.tokenizer or cfg.model.path)
         enc = Encoder(load_tokenizer(tok_dir, cfg.model.trust_remote_code), rec["windows_config"]["separator"])
-        # the windows are all known up front: index them, then one calibration pass (overlap.py's Queries)
-        scr = Screen.from_config(cfg.screen, enc, mode="queries")
+        # the windows are all known up front: queue them all, then one calibration pass
+        scr = Screen.from_config(cfg.screen, enc)
         if scr is None:
             typer.echo("screen: skipped (no screen.calibration configured)")
             return

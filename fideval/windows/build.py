@@ -181,7 +181,7 @@ def build(cfg: Config) -> tuple[list[Built], dict[str, Any]]:
     """Build every domain's windows; returns them and the record fields that are not per-window."""
     tok_dir = resolve_path(cfg.model.tokenizer or cfg.model.path)
     enc = Encoder(load_tokenizer(tok_dir, cfg.model.trust_remote_code), cfg.windows.separator)
-    screen = Screen.from_config(cfg.screen, enc, mode="queries")
+    screen = Screen.from_config(cfg.screen, enc)
     streams = {dom.name: Replay(sampled(iter_documents(dom.source, f"domains.{dom.name}.source", enc.render),
                                         domain_rng(cfg.windows.seed, dom.name))) for dom in cfg.domains}
     memo: dict[int, Encoded] = {}

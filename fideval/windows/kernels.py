@@ -36,6 +36,15 @@ def _smx(x):
     return x
 
 
+@njit(nogil=True, cache=True)
+def mix_units(ids):
+    """The units of token n-grams: ``smx(id + 1)`` of each int64 token id, as uint64."""
+    out = np.empty(ids.size, np.uint64)
+    for i in range(ids.size):
+        out[i] = _smx(_U(ids[i]) + _U(1))
+    return out
+
+
 @njit(inline="always")
 def _chunk(buf, lut, s, m):
     """Little-endian uint64 of the ``m`` (<= 8) table-mapped bytes ``buf[s:s+m]``."""

@@ -60,17 +60,6 @@ def words(text: str) -> list[str]:
     return normalize_text(text).split()
 
 
-def splitmix64(x: np.ndarray) -> np.ndarray:
-    """The splitmix64 finaliser (a bijection on uint64 with full avalanche), in place on a copy."""
-    x = x.astype(_U64, copy=True)
-    x ^= x >> _U64(30)
-    x *= _U64(0xBF58476D1CE4E5B9)
-    x ^= x >> _U64(27)
-    x *= _U64(0x94D049BB133111EB)
-    x ^= x >> _U64(31)
-    return x
-
-
 def _doc_bytes(text: str) -> bytes:
     if text.isascii():
         return text.encode("ascii")  # NFKC and lower() of ASCII are the byte table's job
@@ -91,12 +80,6 @@ def word_hashes(texts: Sequence[str]) -> tuple[np.ndarray, np.ndarray]:
     """64-bit hashes of the normalised words of ``texts``, concatenated, and the index of each word's text."""
     buf, bounds = doc_buffer(texts)
     return kernels.word_hashes(buf, bounds, _LUT)
-
-
-def ngram_hashes(units: np.ndarray, group: np.ndarray, n: int) -> np.ndarray:
-    """Hashes of every run of ``n`` consecutive ``units`` (uint64) that lies within one ``group``
-    (equal groups are contiguous)."""
-    return kernels.ngram_hashes(np.ascontiguousarray(units, _U64), np.ascontiguousarray(group, np.int64), n)[0]
 
 
 def sorted_unique(x: np.ndarray, *, in_place: bool = False) -> np.ndarray:
@@ -128,7 +111,7 @@ def token_units(seqs: Sequence[np.ndarray]) -> tuple[np.ndarray, np.ndarray]:
         return np.zeros(0, _U64), np.zeros(0, np.int64)
     lens = np.array([len(s) for s in seqs], dtype=np.int64)
     doc = np.repeat(np.arange(len(seqs), dtype=np.int64), lens)
-    return splitmix64(np.concatenate([np.asarray(s, dtype=np.int64) for s in seqs]).astype(_U64) + _U64(1)), doc
+    return kernels.mix_units(np.concatenate([np.asarray(s, dtype=np.int64) for s in seqs])), doc
 
 
 def token_ngrams(seqs: Sequence[np.ndarray], n: int) -> tuple[np.ndarray, np.ndarray]:
