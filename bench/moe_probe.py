@@ -71,6 +71,29 @@ def profile_module(a, dev, mm_rate: float) -> list[str]:
         got = mod(x)
         same = bool(torch.equal(got, want))
         sec_fx = timed(lambda: mod(x), 3)
+        with profile(activities=[ProfilerActivity.CUDA], record_shapes=True) as prof_fx:
+            mod(x)
+            torch.cuda.synchronize()
+        fusable = fx._fusable
+        fx._fusable = lambda y, w: False  # the same path with the gather-weight, sum and cast as three torch ops
+        same_unfused = bool(torch.equal(mod(x), want))
+        sec_unfused = timed(lambda: mod(x), 3)
+        fx._fusable = fusable
+        det = getattr(torch.utils, "deterministic", None)
+        sec_nofill = None
+        if det is not None and torch.are_deterministic_algorithms_enabled():
+            det.fill_uninitialized_memory = False  # what filling torch.empty with NaN costs in this block
+            sec_nofill = timed(lambda: mod(x), 3)
+            det.fill_uninitialized_memory = True
+        # sustained: the runner calls the block back to back for tens of seconds; clocks may not hold
+        sustained = []
+        for _ in range(a.sustained):
+            s0, s1 = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            s0.record()
+            mod(x)
+            s1.record()
+            s1.synchronize()
+            sustained.append(s0.elapsed_time(s1))
         mod.experts.forward = hf_forward
         del want, got
     flops = 2 * T * 3 * H * I * (K + 1) + 2 * T * H * E
@@ -81,14 +104,20 @@ def profile_module(a, dev, mm_rate: float) -> list[str]:
              f"same module with fideval.model.experts for the routed experts: {sec_fx * 1e3:.1f} ms, "
              f"{flops / sec_fx / 1e12:.0f} TFLOP/s = {100 * flops / sec_fx / PEAK:.1f} % of 989; output bit-identical to "
              f"transformers' path: {same}",
-             "| kernel | calls | CUDA ms | share |", "|---|---:|---:|---:|"]
-    ev = [e for e in prof.key_averages(group_by_input_shape=True) if e.self_device_time_total > 0]
-    total = sum(e.self_device_time_total for e in ev) or 1.0
-    lines[-2] = "| op or kernel (input shapes) | calls | CUDA ms (self) | share |"
-    for e in sorted(ev, key=lambda e: -e.self_device_time_total)[:22]:
-        shapes = str(e.input_shapes)[:70] if e.input_shapes else ""
-        lines.append(f"| {e.key[:70]} {shapes} | {e.count} | {e.self_device_time_total / 1e3:.2f} | "
-                     f"{100 * e.self_device_time_total / total:.1f} % |")
+             f"  gather-weight-sum fused (experts.gather_scale_sum) vs the same as three torch ops: {sec_fx * 1e3:.1f} "
+             f"vs {sec_unfused * 1e3:.1f} ms (unfused bit-identical too: {same_unfused}); without filling "
+             f"torch.empty (deterministic mode's fill_uninitialized_memory): "
+             + (f"{sec_nofill * 1e3:.1f} ms" if sec_nofill else "n/a"),
+             f"  sustained, {len(sustained)} blocks back to back (ms each): "
+             + ", ".join(f"{v:.1f}" for v in sustained)]
+    for title, pr in (("transformers' path", prof), ("with fideval.model.experts", prof_fx)):
+        ev = [e for e in pr.key_averages(group_by_input_shape=True) if e.self_device_time_total > 0]
+        total = sum(e.self_device_time_total for e in ev) or 1.0
+        lines += [f"{title}:", "| op or kernel (input shapes) | calls | CUDA ms (self) | share |", "|---|---:|---:|---:|"]
+        for e in sorted(ev, key=lambda e: -e.self_device_time_total)[:22]:
+            shapes = str(e.input_shapes)[:70] if e.input_shapes else ""
+            lines.append(f"| {e.key[:70]} {shapes} | {e.count} | {e.self_device_time_total / 1e3:.2f} | "
+                         f"{100 * e.self_device_time_total / total:.1f} % |")
     del mod, x
     torch.cuda.empty_cache()
     return lines
@@ -104,6 +133,8 @@ def main() -> None:
     ap.add_argument("--module-tokens", type=int, default=65536,
                     help="also time transformers' own DeepseekV3MoE (router + routed + shared experts) on this many "
                     "tokens and list its top CUDA kernels (0: skip)")
+    ap.add_argument("--sustained", type=int, default=0,
+                    help="time the module (fideval's experts) this many times back to back, one line of ms each")
     ap.add_argument("--nondeterministic", action="store_true",
                     help="skip fideval.model.determinism.configure() (the runner always applies it)")
     a = ap.parse_args()

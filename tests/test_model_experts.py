@@ -70,3 +70,37 @@ def test_gather_scale_kernel_matches_torch_on_the_gpu(wdtype):
     got = experts.gather_scale(y, idx, w)
     want = y[idx] * w.unsqueeze(-1)
     assert got.dtype == want.dtype and torch.equal(got, want)
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not (torch.cuda.is_available() and experts.triton is not None), reason="needs CUDA and triton")
+@pytest.mark.parametrize("k", [1, 2, 3, 4, 6, 8])
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
+def test_gather_scale_sum_kernel_matches_torch_on_the_gpu(k, dtype):
+    """The fused gather-weight-sum-cast: the same bits as torch's three ops on the GPU, for top-k sizes that
+    fill torch's four accumulators partly, exactly and more than once."""
+    g = torch.Generator(device="cuda").manual_seed(8 + k)
+    n, width = 257, 7168 + 3
+    y = torch.randn(n * k, width, device="cuda", generator=g).to(dtype)
+    idx = torch.randperm(n * k, device="cuda", generator=g)
+    w = torch.rand(n * k, device="cuda", generator=g)
+    want = (y[idx] * w.unsqueeze(-1)).view(n, k, width).sum(dim=1).to(dtype)
+    got = experts.gather_scale_sum(y, idx, w, k, dtype)
+    assert got.dtype == dtype and torch.equal(got, want)
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not (torch.cuda.is_available() and experts.triton is not None), reason="needs CUDA and triton")
+@pytest.mark.parametrize("name", ["qwen3_moe", "deepseek_v3", "mixtral"])
+def test_same_bits_as_transformers_grouped_mm_on_the_gpu(name):
+    mod = _experts_module(name, torch.bfloat16).cuda()
+    g = torch.Generator(device="cuda").manual_seed(5)
+    n, k, e = 300, 2, mod.num_experts
+    h = torch.randn(n, mod.gate_up_proj.shape[-1] if not mod.is_transposed else mod.gate_up_proj.shape[1],
+                    device="cuda", generator=g).to(torch.bfloat16)
+    idx = torch.randint(0, e - 1, (n, k), device="cuda", generator=g)
+    w = torch.rand(n, k, device="cuda", generator=g)
+    with torch.no_grad():
+        want = grouped_mm_experts_forward(mod, h, idx, w)
+        got = experts.forward(mod, h, idx, w)
+    assert torch.equal(got, want)

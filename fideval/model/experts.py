@@ -15,7 +15,9 @@ that float32 tensor. Here the same values are produced with fewer bytes moved:
   ``(y * w_sorted)[inv] == y[inv] * w`` exactly, and the gather moves half the bytes. On CUDA with Triton
   the gather, the cast and the multiply are one kernel (:func:`gather_scale`); elsewhere two torch ops;
 * the same ``view(tokens, top_k, hidden).sum(dim=1)`` reduction and final cast, so the sum order is
-  torch's own.
+  torch's own -- on CUDA with Triton fused with the gather and the weighting (:func:`gather_scale_sum`: one read
+  of the expert outputs, no [tokens x top-k, hidden] float32 tensor written and read back), adding in the order
+  torch's reduction kernel adds (checked bit for bit against torch on the GPU).
 
 The result equals transformers' bit for bit (tests/test_model_experts.py, on CPU in float32 and bfloat16 against
 ``grouped_mm_experts_forward`` itself; the bench repeats the comparison on the GPU). Modules with biases, a
@@ -66,7 +68,10 @@ def forward(experts: torch.nn.Module, hidden_states: torch.Tensor, top_k_index: 
     y = _grouped_linear(y, experts.down_proj, offsets, is_transposed=experts.is_transposed)
     inv = torch.empty_like(perm)
     inv[perm] = torch.arange(perm.size(0), device=device)
-    weighted = gather_scale(y, inv, top_k_weights.reshape(-1))
+    w = top_k_weights.reshape(-1)
+    if _fusable(y, w):  # gather, weight, sum over top-k and cast in one pass: no [tokens x top-k, hidden] float32 tensor
+        return gather_scale_sum(y, inv, w, k, hidden_states.dtype)
+    weighted = gather_scale(y, inv, w)
     del y
     return weighted.view(n, k, h).sum(dim=1).to(hidden_states.dtype)
 
@@ -85,7 +90,59 @@ def gather_scale(y: torch.Tensor, idx: torch.Tensor, w: torch.Tensor) -> torch.T
     return out
 
 
+def _fusable(y: torch.Tensor, w: torch.Tensor) -> bool:
+    return (triton is not None and y.device.type == "cuda" and y.dim() == 2 and y.is_contiguous()
+            and y.dtype in (torch.float32, torch.bfloat16, torch.float16) and w.dtype == torch.float32)
+
+
+# torch's CUDA sum over a short, strided dimension (Reduce.cuh, thread_reduce_impl with vt0 = 4): each thread keeps
+# four accumulators, element j of the reduced dimension going to accumulator j mod 4 in order, then combines them
+# as ((acc0 + acc1) + acc2) + acc3. ORDER 1 reproduces that; ORDER 0 (a plain left-to-right sum) is kept so that
+# the GPU bench can show which one torch's bits follow.
+SUM_ORDER = 1
+
+
+def gather_scale_sum(y: torch.Tensor, idx: torch.Tensor, w: torch.Tensor, k: int, out_dtype: torch.dtype,
+                     order: int = SUM_ORDER) -> torch.Tensor:
+    """``(y[idx] * w[:, None]).view(-1, k, width).sum(dim=1).to(out_dtype)`` for float32 ``w`` on CUDA, bit for
+    bit as torch computes it there: each product in float32 (no fused multiply-add), summed in torch's order,
+    rounded once to ``out_dtype``. Reads each gathered row once and writes only [tokens, width]."""
+    rows, width = idx.numel() // k, y.shape[1]
+    out = torch.empty((rows, width), dtype=out_dtype, device=y.device)
+    block = 1024
+    _gather_scale_sum[(rows, triton.cdiv(width, block))](y, idx, w.contiguous(), out, width, K=k, BLOCK=block,
+                                                         ORDER=order, num_warps=4, enable_fp_fusion=False)
+    return out
+
+
 if triton is not None:
+
+    @triton.jit
+    def _gather_scale_sum(Y, IDX, W, OUT, width, K: tl.constexpr, BLOCK: tl.constexpr, ORDER: tl.constexpr):
+        r = tl.program_id(0).to(tl.int64)
+        c = tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)
+        m = c < width
+        acc0 = tl.zeros([BLOCK], tl.float32)
+        acc1 = tl.zeros([BLOCK], tl.float32)
+        acc2 = tl.zeros([BLOCK], tl.float32)
+        acc3 = tl.zeros([BLOCK], tl.float32)
+        for j in tl.static_range(K):
+            src = tl.load(IDX + r * K + j).to(tl.int64)
+            wj = tl.load(W + r * K + j)
+            v = tl.load(Y + src * width + c, mask=m, other=0.0).to(tl.float32) * wj
+            if ORDER == 0 or j % 4 == 0:
+                acc0 = acc0 + v
+            elif j % 4 == 1:
+                acc1 = acc1 + v
+            elif j % 4 == 2:
+                acc2 = acc2 + v
+            else:
+                acc3 = acc3 + v
+        if ORDER == 0:
+            total = acc0
+        else:
+            total = ((acc0 + acc1) + acc2) + acc3
+        tl.store(OUT + r * width + c, total.to(OUT.dtype.element_ty), mask=m)
 
     @triton.jit
     def _gather_scale(Y, IDX, W, OUT, width, BLOCK: tl.constexpr):

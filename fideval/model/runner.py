@@ -200,12 +200,16 @@ class Runner:
         return self.adapter.vocab_size
 
     def finish_profile(self) -> dict:
-        """Fold recorded CUDA events into seconds per region (synchronizes)."""
+        """Fold recorded CUDA events into seconds per region (synchronizes); ``moe_s_each``: every MoE block's
+        milliseconds in run order (layer by layer), to see whether blocks slow down while a layer loads."""
         events = self.stats.pop("_events", [])
         if events:
             torch.cuda.synchronize(self.device)
         for key, a, b in events:
-            self.stats[key] = self.stats.get(key, 0.0) + a.elapsed_time(b) / 1000
+            ms = a.elapsed_time(b)
+            self.stats[key] = self.stats.get(key, 0.0) + ms / 1000
+            if key == "moe_s":
+                self.stats.setdefault("moe_s_each", []).append(round(ms, 2))
         return self.stats
 
     # -- loading (runs on the prefetch thread) -----------------------------------------------------------
@@ -439,8 +443,12 @@ class Runner:
                 tokens += states[g[-1]].shape[0] * states[g[-1]].shape[1]
             xs = [states[k] if on_dev else states[k].to(self.device, non_blocking=True) for k in g]
             flat = torch.cat([x.reshape(-1, x.shape[-1]) for x in xs]).unsqueeze(0) if len(xs) > 1 else xs[0].reshape(1, -1, xs[0].shape[-1])
+            with self._timed("norm_s"):  # the layer's own norm and residual add: not MLP work, timed apart
+                z = layer.post_attention_layernorm(flat)
             with self._timed("moe_s" if hasattr(layer.mlp, "experts") else "mlp_s"):
-                y = layer.mlp(layer.post_attention_layernorm(flat))
+                y = layer.mlp(z)
+            del z
+            with self._timed("norm_s"):
                 y = flat + (y[0] if isinstance(y, tuple) else y)
             del flat, xs
             off = 0
