@@ -188,11 +188,11 @@ def test_queries_pass_equals_bruteforce_and_full_index(unit):
     q = Queries(hasher)
     first, second = ev[:6], ev[6:]
     assert all(q.overlap(hasher.of_texts([d])[0]) is None or not grams(d) for d in first)
-    q.resolve(((i, d) for i, d in enumerate(cal)), batch_chars=200)
+    q.resolve(((i, d) for i, d in enumerate(cal)), batch_chars=200, threads=2)
     assert q.documents == len(cal) and q.ngrams == sum(len(grams(d)) for d in cal)
     for d in second:  # a second round: queued after the first pass
         q.overlap(hasher.of_texts([d])[0])
-    q.resolve(((i, d) for i, d in enumerate(cal)), batch_chars=200)
+    q.resolve(((i, d) for i, d in enumerate(cal)), batch_chars=200, threads=2)
     for d in ev:
         h = hasher.of_texts([d])[0]
         ov = q.overlap(h)
@@ -205,3 +205,89 @@ def test_queries_pass_equals_bruteforce_and_full_index(unit):
 
     targets = {str(i): q.overlap(hasher.of_texts([d])[0]).matched_hashes for i, d in enumerate(ev)}
     assert rank(q.pair_doc, q.pair_hash, q.origins, targets) == attribute(enumerate(cal), targets, hasher)
+
+
+def _oracle_bytes_words(buf: bytes, bounds: list[int]) -> list[tuple[bytes, int]]:
+    """(word, document) of raw bytes through the documented byte table (``ng._LUT``), one byte at a time."""
+    lut = ng._LUT.tolist()
+    out = []
+    for d in range(len(bounds) - 1):
+        mapped = bytes(lut[b] for b in buf[bounds[d]:bounds[d + 1]])
+        out += [(w, d) for w in mapped.split(b" ") if w]
+    return out
+
+
+def _oracle_bytes_hash(b: bytes) -> int:
+    chunks = [int.from_bytes(b[i:i + 8], "little") for i in range(0, len(b), 8)]
+    h = (chunks[0] + len(b) * 0x9E3779B97F4A7C15) & M64
+    for c in chunks[1:]:
+        h = (h * 0x100000001B3 + _smx(c)) & M64
+    return _smx(h)
+
+
+@pytest.mark.parametrize("alphabet", ["all", "dense"])
+def test_byte_kernels_equal_the_byte_table(alphabet):
+    """The compiled word loop (64-byte vector masks, edge extraction, unaligned loads) against the byte
+    table byte by byte: every byte value, documents at every alignment, empty documents, blocks dense with
+    one-letter words (more than 16 edges in 64 bytes), words longer than 16 bytes, unpadded buffers."""
+    from fideval.windows import kernels
+
+    rng = np.random.default_rng(17)
+    pool = np.arange(256, dtype=np.uint8) if alphabet == "all" else np.frombuffer(b"aZ9 .\x80\xff_", np.uint8)
+    for trial in range(60):
+        lens = rng.integers(0, 300 if trial % 4 else 4, size=int(rng.integers(1, 9 if trial % 4 else 200)))
+        lens[rng.random(lens.size) < 0.2] = 0
+        raw = rng.choice(pool, size=int(lens.sum()))
+        if trial % 3 == 0:  # long words: runs of letters up to 70 bytes
+            for s in rng.integers(0, max(1, raw.size - 70), size=4):
+                raw[s:s + int(rng.integers(17, 70))] = rng.choice(np.frombuffer(b"aBc9\xc3", np.uint8))
+        bounds = np.concatenate([[0], np.cumsum(lens)]).astype(np.int64)
+        buf = bytes(raw)
+        want = _oracle_bytes_words(buf, bounds.tolist())
+        h, doc = kernels.word_hashes(np.frombuffer(buf, np.uint8), bounds)  # unpadded: the kernel pads a copy
+        assert list(zip(h.tolist(), doc.tolist())) == [(_oracle_bytes_hash(w), d) for w, d in want]
+        # the calibration pass over the same bytes: every n-gram probed, hits exactly the queried ones
+        n = 1 + trial % 3
+        g, gd = kernels.ngram_hashes(h, doc, n)
+        from fideval.windows.overlap import Probe
+
+        chosen = g[rng.random(g.size) < 0.3]
+        p = Probe.of(np.concatenate([chosen, rng.integers(0, 2**63, size=50, dtype=np.uint64)]))
+        sc = kernels.Scratch()
+        grams, hd, hq = kernels.scan_words(np.frombuffer(buf, np.uint8), bounds, n, p.bitmap, p.bits, p.hashes,
+                                           p.starts, p.bucket_bits, sc)
+        found = p.find(g)
+        assert grams == g.size
+        assert hd.tolist() == gd[found >= 0].tolist() and hq.tolist() == found[found >= 0].tolist()
+
+
+def test_scan_results_do_not_depend_on_which_thread_hashed_a_batch():
+    """The calibration pass hashes a batch on the calling thread when the workers are behind; a slow
+    worker forces that path, and the counts, pairs and origins must equal a pass on the calling thread."""
+    import threading
+    import time
+
+    from fideval.windows.overlap import Probe, scan
+
+    rng = np.random.default_rng(4)
+    vocab = np.array([f"s{i}" for i in range(4)])
+    cal = _rand_docs(rng, 60, vocab, 5, 40)
+    where: list[str] = []
+
+    class SlowWorkers(Hasher):
+        def probe(self, prepared, p):
+            on_main = threading.current_thread() is threading.main_thread()
+            where.append("main" if on_main else "worker")
+            if not on_main:
+                time.sleep(0.02)
+            return super().probe(prepared, p)
+
+    hasher = SlowWorkers("words", 3)
+    probe = Probe.of(hasher.of_texts(cal[::7])[0])
+    res = scan(enumerate(cal), hasher, probe, batch_chars=50, threads=1)
+    assert {"main", "worker"} <= set(where)
+    ref = scan(enumerate(cal), Hasher("words", 3), probe, batch_chars=10**9, threads=1)  # one batch, one worker
+    assert (res.documents, res.ngrams) == (ref.documents, ref.ngrams) == (len(cal), sum(len(oracle_grams(d, 3)) for d in cal))
+    assert np.array_equal(res.seen, ref.seen)
+    assert np.array_equal(res.pair_doc, ref.pair_doc) and np.array_equal(res.pair_hash, ref.pair_hash)
+    assert res.origins == ref.origins

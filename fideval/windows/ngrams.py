@@ -10,9 +10,10 @@ GPT-3's decontamination and lm-evaluation-harness's ``decontamination/janitor.py
 4. split on whitespace. A content n-gram is ``n`` consecutive words of *one* document: n-grams never
    straddle a document boundary (a separator token is not content).
 
-ASCII text takes a fast path (a 256-entry byte table applied inside the compiled loop) that is, by
-construction, the same mapping as the regex path restricted to ASCII; other text goes through the regex
-path first. The test suite checks both against a per-character Python oracle.
+ASCII text takes a fast path (the 256-entry byte table ``_LUT``, applied inside the compiled loop as
+vector range tests that equal it byte for byte) that is, by construction, the same mapping as the regex
+path restricted to ASCII; other text goes through the regex path first. The test suite checks both
+against a per-character Python oracle, and the compiled loop against the table for all 256 byte values.
 
 **Hashing** (all arithmetic mod 2^64; ``smx`` is the splitmix64 finaliser; P = 0x100000001B3,
 Q = 0x9E3779B97F4A7C15):
@@ -23,8 +24,9 @@ Q = 0x9E3779B97F4A7C15):
 * an n-gram of word hashes ``w_0..w_{n-1}`` hashes to ``smx(sum_j w_j * Q^j)``;
 * a token id (unit ``tokens``) is the unit ``smx(id + 1)``, and its n-grams use the same polynomial.
 
-The loops live in :mod:`fideval.windows.kernels` (numba): one pass over a batch's bytes for the words,
-a rolling polynomial for the n-grams, no Python object per word. Two distinct n-grams share a hash with
+The loops live in :mod:`fideval.windows.kernels` (numba): per document, 64-byte vector blocks for the
+word edges, one hash per word from 8-byte loads, a rolling polynomial for the n-grams, no Python object
+per word. Two distinct n-grams share a hash with
 probability ~2^-64, so against a calibration set of N distinct n-grams a window n-gram is falsely
 reported as seen with probability N / 2^64 (5e-11 for a billion calibration n-grams): negligible beside
 the 2-5 % thresholds.
@@ -51,6 +53,9 @@ _LUT[ord("A"):ord("Z") + 1] = np.arange(ord("a"), ord("z") + 1)
 _LUT[128:] = np.arange(128, 256)
 
 
+_PAD = bytes(kernels.PAD)  # zero bytes after the last text: the kernels' 64-byte loads may read past it
+
+
 def normalize_text(text: str) -> str:
     """The normalised text: words separated by single spaces (see the module docstring)."""
     return _NONWORD.sub(" ", unicodedata.normalize("NFKC", text).lower()).strip()
@@ -68,18 +73,20 @@ def _doc_bytes(text: str) -> bytes:
 
 def doc_buffer(texts: Sequence[str]) -> tuple[np.ndarray, np.ndarray]:
     """(bytes of every text, back to back, as uint8; bounds: text ``d`` is ``buf[bounds[d]:bounds[d+1]]``):
-    what the compiled loops read. ASCII texts go in as they are (the byte table normalises them); others
-    go through :func:`normalize_text` first."""
+    what the compiled loops read, followed by ``kernels.PAD`` zero bytes that they may load past the last
+    text. ASCII texts go in as they are (the byte table normalises them); others go through
+    :func:`normalize_text` first."""
     parts = [_doc_bytes(t) for t in texts]
     bounds = np.zeros(len(parts) + 1, np.int64)
     np.cumsum(np.fromiter(map(len, parts), np.int64, len(parts)), out=bounds[1:])
+    parts.append(_PAD)
     return np.frombuffer(b"".join(parts), np.uint8), bounds
 
 
 def word_hashes(texts: Sequence[str]) -> tuple[np.ndarray, np.ndarray]:
     """64-bit hashes of the normalised words of ``texts``, concatenated, and the index of each word's text."""
     buf, bounds = doc_buffer(texts)
-    return kernels.word_hashes(buf, bounds, _LUT)
+    return kernels.word_hashes(buf, bounds)
 
 
 def sorted_unique(x: np.ndarray, *, in_place: bool = False) -> np.ndarray:
@@ -101,7 +108,7 @@ def sorted_unique(x: np.ndarray, *, in_place: bool = False) -> np.ndarray:
 def text_ngrams(texts: Sequence[str], n: int) -> tuple[np.ndarray, np.ndarray]:
     """(n-gram hashes, index of the text each came from) for word n-grams of each text separately."""
     buf, bounds = doc_buffer(texts)
-    h, doc = kernels.word_hashes(buf, bounds, _LUT)
+    h, doc = kernels.word_hashes(buf, bounds)
     return kernels.ngram_hashes(h, doc, n)
 
 

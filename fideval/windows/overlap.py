@@ -13,8 +13,9 @@ hashed first and held as one sorted unique uint64 array with two probe tables
 a million: one word read per probe, ~0.2 % of absent n-grams pass), and bucket starts over the top
 log2(queries) bits for the exact 64-bit comparison of those that pass. Not a Bloom filter *instead* of
 the hashes: the prefilter only saves work, every reported match is an exact 64-bit equality. The calibration stream is then hashed
-batch by batch (:func:`scan`) and each of its n-grams probed as it is made; nothing of calibration is
-kept but the matches. Memory is O(evaluation n-grams + one batch), whatever the calibration size; there
+batch by batch (:func:`scan`) and each of its n-grams probed as its document is hashed; nothing of
+calibration is kept but the matches. Memory is O(evaluation n-grams + a few batches), whatever the
+calibration size; there
 is no sort of calibration hashes at all. The answer is exact up to 64-bit hash collisions (the
 false-positive rate stays N / 2^64 per n-gram), so fractions equal a brute-force set computation.
 
@@ -38,10 +39,11 @@ Both use the same hashing (:mod:`fideval.windows.ngrams`), so they give the same
 
 from __future__ import annotations
 
+import os
 import threading
 from collections import deque
 from collections.abc import Callable, Iterable, Iterator, Sequence
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -52,7 +54,17 @@ from fideval.windows import ngrams as ng
 
 BATCH_CHARS = 256 << 10  # documents are hashed in batches of ~this many characters (cache-sized arrays)
 SCAN_BATCH_CHARS = 2 << 20  # the calibration pass: bigger batches, fewer hand-offs between threads
-SCAN_THREADS = 2  # hashing threads of the calibration pass (the compiled loop runs without the GIL)
+
+
+def _cores() -> int:
+    return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+
+
+# Hashing threads of the calibration pass (the compiled loop runs without the GIL): one core is left to the
+# main thread, which reads and parses JSON at about the speed one worker hashes (~0.5 s each for the bench's
+# 426 MB), so it is the bottleneck; on the 2-core bench machine a second worker only takes turns with it
+# (measured 0.55 s wall with one worker, ~1.0 s with two). Two at most: a third has nothing to do.
+SCAN_THREADS = max(1, min(2, _cores() - 1))
 
 
 _SCRATCH = threading.local()  # each hashing thread's work arrays (kernels.Scratch)
@@ -104,7 +116,7 @@ class Hasher:
             sc = getattr(_SCRATCH, "words", None)
             if sc is None:
                 sc = _SCRATCH.words = kernels.Scratch()
-            return kernels.scan_words(a, b, ng._LUT, self.n, p.bitmap, p.bits, p.hashes, p.starts, p.bucket_bits, sc)
+            return kernels.scan_words(a, b, self.n, p.bitmap, p.bits, p.hashes, p.starts, p.bucket_bits, sc)
         return kernels.scan_units(a, b, self.n, p.bitmap, p.bits, p.hashes, p.starts, p.bucket_bits)
 
 
@@ -154,9 +166,13 @@ def scan(docs: Iterable[tuple[Any, str]], hasher: Hasher, probe: Probe, *, batch
     """Stream ``docs`` ((origin, text) in stream order) through ``probe``.
 
     The calling thread reads and prepares batch k+1 (JSON, Python strings: it holds the GIL) while up to
-    ``threads`` workers run the compiled hash-and-probe loop on earlier batches (no GIL); results are taken
-    in order, so counts, pairs and origins do not depend on timing. At most ``threads + 1`` batches are
-    in flight: memory stays a few batches.
+    ``threads`` workers run the compiled hash-and-probe loop on earlier batches (no GIL). When every worker
+    is busy and has a batch queued, the calling thread hashes the batch it just prepared itself instead of
+    waiting, so neither side idles, whichever is slower (reading or hashing: it depends on the machine and
+    on its other jobs; on the bench, one worker, 0.84-0.98 s a pass when the reader waited for the worker,
+    0.79-0.84 s when it helped with ~20 % of the batches).
+    Results are taken in order, so counts, pairs and origins do not depend on timing. At most
+    ``threads + 3`` batches are in flight: memory stays a few batches.
     """
     seen = np.zeros(probe.hashes.size, bool)
     pair_doc: list[np.ndarray] = []
@@ -178,14 +194,20 @@ def scan(docs: Iterable[tuple[Any, str]], hasher: Hasher, probe: Probe, *, batch
             for i in np.unique(d).tolist():
                 origins[base + i] = batch[i][0]
 
-    with ThreadPoolExecutor(max(1, threads)) as pool:
+    workers = max(1, threads)
+    with ThreadPoolExecutor(workers) as pool:
         for batch in batched(docs, lambda d: len(d[1]), batch_chars):
             prepared = hasher.prepare([t for _, t in batch])
-            inflight.append((pool.submit(hasher.probe, prepared, probe), counts[0], batch))
+            if sum(not f.done() for f, _, _ in inflight) <= workers:  # a worker is free or will be next
+                fut = pool.submit(hasher.probe, prepared, probe)
+            else:  # every worker busy with a batch queued behind it: hash this one here (no GIL either)
+                fut = Future()
+                fut.set_result(hasher.probe(prepared, probe))
+            inflight.append((fut, counts[0], batch))
             counts[0] += len(batch)
             if on_batch:
                 on_batch(sum(len(t) for _, t in batch))
-            while len(inflight) > max(1, threads):
+            while inflight and (inflight[0][0].done() or len(inflight) > workers + 2):
                 take()
         while inflight:
             take()
