@@ -104,3 +104,31 @@ def test_same_bits_as_transformers_grouped_mm_on_the_gpu(name):
         want = grouped_mm_experts_forward(mod, h, idx, w)
         got = experts.forward(mod, h, idx, w)
     assert torch.equal(got, want)
+
+
+def _compiled(kernel) -> int | None:
+    """How many compiled variants a Triton JIT function holds (None where this Triton keeps them elsewhere)."""
+    caches = getattr(kernel, "device_caches", None)
+    if not isinstance(caches, dict):
+        return None
+    return sum(len(c[0]) for c in caches.values())
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not (torch.cuda.is_available() and experts.triton is not None), reason="needs CUDA and triton")
+def test_warmup_compiles_what_forward_launches():
+    """After warmup no MoE forward compiles: the forward on the same dtype, top-k and width finds its kernel."""
+    mod = _experts_module("deepseek_v3", torch.bfloat16).cuda()
+    width = mod.down_proj.shape[1] if not mod.is_transposed else mod.down_proj.shape[-1]
+    k = 3  # no other test uses it, so nothing compiled it before
+    experts.warmup(torch.device("cuda"), torch.bfloat16, k, width)
+    before = _compiled(experts._gather_scale_sum)
+    if before is None:
+        pytest.skip("this Triton does not expose its kernel cache as device_caches")
+    g = torch.Generator(device="cuda").manual_seed(6)
+    h = torch.randn(200, width, device="cuda", generator=g).to(torch.bfloat16)
+    idx = torch.randint(0, mod.num_experts, (200, k), device="cuda", generator=g)
+    w = torch.rand(200, k, device="cuda", generator=g)
+    with torch.no_grad():
+        experts.forward(mod, h, idx, w)
+    assert before > 0 and _compiled(experts._gather_scale_sum) == before

@@ -90,6 +90,24 @@ def gather_scale(y: torch.Tensor, idx: torch.Tensor, w: torch.Tensor) -> torch.T
     return out
 
 
+def warmup(device: torch.device, dtype: torch.dtype, k: int, width: int) -> None:
+    """Compile the Triton kernels :func:`forward` will launch for ``dtype`` expert outputs, top-``k`` routing and
+    rows of ``width``, on one-row inputs, so that Triton's just-in-time compile (seconds on a fresh machine, once
+    per process and cached on disk after) is paid before the first MoE block rather than inside it. Both
+    weight dtypes are compiled: float32 routing weights take the fused kernel, others the gather-and-scale one."""
+    if triton is None or torch.device(device).type != "cuda":
+        return
+    y = torch.zeros((k, width), dtype=dtype, device=device)
+    idx = torch.arange(k, device=device)
+    for wd in (torch.float32, dtype):
+        w = torch.ones(k, dtype=wd, device=device)
+        if _fusable(y, w):
+            gather_scale_sum(y, idx, w, k, dtype)
+        else:
+            gather_scale(y, idx, w)
+    torch.cuda.synchronize(device)
+
+
 def _fusable(y: torch.Tensor, w: torch.Tensor) -> bool:
     return (triton is not None and y.device.type == "cuda" and y.dim() == 2 and y.is_contiguous()
             and y.dtype in (torch.float32, torch.bfloat16, torch.float16) and w.dtype == torch.float32)

@@ -186,6 +186,7 @@ class Runner:
         self.side = torch.cuda.Stream(self.device) if self.device.type == "cuda" else None
         self.stats = {"load_s": 0.0, "wait_s": 0.0, "tokens": 0, "wall_s": 0.0, "chunks": 0}
         self.canary: dict | None = None
+        self._warmed = False
         self.experts: dict[int, tuple[int, int]] = {}
         for i in range(self.adapter.n_layers):  # meta layers cost nothing; N must divide every MoE layer's experts
             n_exp = self.adapter.n_routed_experts(self.adapter.meta_layer(i, dtype))
@@ -201,15 +202,16 @@ class Runner:
 
     def finish_profile(self) -> dict:
         """Fold recorded CUDA events into seconds per region (synchronizes); ``moe_s_each``: every MoE block's
-        milliseconds in run order (layer by layer), to see whether blocks slow down while a layer loads."""
+        milliseconds in run order (layer by layer), to see whether blocks slow down while a layer loads;
+        ``attn_s_each``: the same for every micro-batch's attention."""
         events = self.stats.pop("_events", [])
         if events:
             torch.cuda.synchronize(self.device)
         for key, a, b in events:
             ms = a.elapsed_time(b)
             self.stats[key] = self.stats.get(key, 0.0) + ms / 1000
-            if key == "moe_s":
-                self.stats.setdefault("moe_s_each", []).append(round(ms, 2))
+            if key in ("moe_s", "attn_s"):
+                self.stats.setdefault(key + "_each", []).append(round(ms, 2))
         return self.stats
 
     # -- loading (runs on the prefetch thread) -----------------------------------------------------------
@@ -370,6 +372,7 @@ class Runner:
         on_dev = dev.type == "cpu" or n_tok * H * torch.empty((), dtype=self.dtype).element_size() <= (self.device_budget or 0)
         try:
             with torch.no_grad(), self._attn_backends():
+                self._warm_up()
                 emb = pf.get()
                 states: list[torch.Tensor | None] = []
                 for mb in mbs:
@@ -429,6 +432,21 @@ class Runner:
                 pf.release()
         finally:
             pf.close()
+
+    def _warm_up(self) -> None:
+        """Once per runner, while the prefetch thread loads the first units: compile the routed experts' Triton
+        kernels (experts.warmup), so that no MoE block pays a just-in-time compile. Its wall time is
+        ``stats["warmup_s"]`` (part of ``wall_s``)."""
+        if self._warmed:
+            return
+        self._warmed = True
+        k = getattr(self.adapter.config, "num_experts_per_tok", None)
+        if not (self.experts and k and self.lean_experts and self.world == 1 and self.device.type == "cuda"
+                and getattr(self.adapter.config, "_experts_implementation", None) == "grouped_mm"):
+            return
+        t0 = time.perf_counter()
+        experts_path.warmup(self.device, self.dtype, int(k), int(self.adapter.config.hidden_size))
+        self.stats["warmup_s"] = time.perf_counter() - t0
 
     def _mlp_phase(self, layer, states: list, on_dev: bool, solo: set[int] = frozenset()) -> None:
         """The layer's second half, x + mlp(post_attention_layernorm(x)), over blocks of up to ``mlp_tokens``
