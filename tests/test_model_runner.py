@@ -8,6 +8,7 @@ import sys
 import textwrap
 
 import numpy as np
+import pytest
 import torch
 
 import model_fixtures as mf
@@ -144,3 +145,21 @@ def test_peak_weight_memory_is_at_most_two_and_a_half_layers(tmp_path):
     assert added == released == 10  # embed, 8 layers, head: every unit was freed
     assert peak == 2 * layer_bytes  # current + prefetched, never more
     assert rss <= 2.5 * layer_bytes
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+def test_cuda_warm_up_runs_once_per_mlp_kind_and_changes_no_bit(tmp_path):
+    """On CUDA each MLP kind (dense, MoE) is run once on a few tokens before its first real block; the logits
+    stay transformers' (float32 parity) and the same run twice is bit-identical."""
+    folder = mf.build("deepseek_v3", tmp_path / "m")
+    toks = mf.tokens(V, n=4, length=16)
+    r = Runner(folder, device="cuda", micro_batch=2, mlp_tokens=48, profile=True)
+    got = {k: v.cpu() for k, v in r.run(toks)}
+    st = r.finish_profile()
+    assert st["warmup_s"] > 0 and len(r._mlp_warmed) == 2 and not r.warming
+    again = {k: digest(v) for k, v in Runner(folder, device="cuda", micro_batch=2, mlp_tokens=48).run(toks)}
+    assert {k: digest(v) for k, v in got.items()} == again
+    ref = mf.reference_logits(folder, toks)
+    for k, v in got.items():
+        assert float((v - ref[k]).abs().max()) < 1e-4
