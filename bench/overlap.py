@@ -5,22 +5,26 @@
 Synthetic data (generated once into a temp folder, then reused): documents of 2,000 words drawn from a
 Zipf(1.1) vocabulary of 100k random lowercase "words" (2-12 letters), a few capitalised or followed by
 punctuation so normalisation has work to do; 1 M evaluation words, 2 % of whose documents are verbatim
-calibration documents. Both implementations stream the same ``calibration.jsonl`` (``json.loads`` per
-line) and screen the same evaluation documents, each in its own subprocess so peak RSS
-(``getrusage(RUSAGE_SELF).ru_maxrss``) is its own:
+calibration documents. Both implementations stream the same ``calibration.jsonl`` and screen the same
+evaluation documents, each in its own subprocess so peak RSS (``getrusage(RUSAGE_SELF).ru_maxrss``) is
+its own:
 
-* fideval: the code ``fideval windows`` runs (``Screen`` in mode ``queries``): the evaluation documents'
-  13-gram hashes are queued in ``fideval.windows.overlap.Queries`` (sorted unique uint64 + probe tables:
-  the "index" column), then ``Queries.resolve`` streams ``iter_documents`` over the calibration file once,
+* fideval: the code ``fideval windows`` runs (``Screen``): the evaluation documents' 13-gram hashes are
+  queued in ``fideval.windows.overlap.Queries`` (sorted unique uint64 + probe tables: the "index"
+  column), then ``Queries.resolve`` streams the calibration file once as ``Screen.resolve`` does
+  (``fideval.windows.screen.calibration_blocks``: blocks of bytes whose plain JSON lines a compiled parser
+  unescapes into the batch, any other line through ``json.loads`` as ``iter_documents`` reads it),
   hashing and probing each batch in the compiled loop (``fideval.windows.kernels``, numba) on worker
-  threads (``SCAN_THREADS``: one on a 2-core machine, so the main thread keeps a core) while the main
-  thread parses JSON (the "screen" column, with the per-document counts);
-* baseline: ``normalize_text(t).split()`` (the same normalisation), a ``set`` of 13-word tuples built
-  with ``zip``, membership tests per evaluation 13-gram. A set of 50 M tuples needs ~10 GB, so the
+  threads (``SCAN_THREADS``: one on a 2-core machine) and on the main thread between the blocks it reads;
+  then the per-document counts (``overlaps_of``) (together the "screen" column);
+* baseline: ``json.loads`` per line, ``normalize_text(t).split()`` (the same normalisation), a ``set`` of
+  13-word tuples built with ``zip``, membership tests per evaluation 13-gram. A set of 50 M tuples needs ~10 GB, so the
   baseline is built on the first ``--baseline-fraction`` of the calibration documents and its build
   time and memory are extrapolated linearly (stated in the table); its evaluation lookups are measured
   in full. fideval screens against that same subsample too, by both of its indexes (``Queries``, and the
-  full ``CalibrationIndex``, the second implementation), and all three must count the same matches.
+  full ``CalibrationIndex``, the second implementation), reading it with ``iter_documents`` (``json.loads``
+  per line, the other reader), and all three must count the same matches; the two readers must give the
+  subsample's documents alike (texts and origins).
 
 numba compiles the loops once and caches them beside the source; the child loads them (first call)
 before the clock starts, and the table says how long that took and the speed-up with it counted.
@@ -85,6 +89,7 @@ def generate(folder: Path, cal_words: int, eval_words: int) -> None:
 def child_fideval(folder: Path, fraction: float) -> dict:
     from fideval.config import LocalSource
     from fideval.windows.overlap import SCAN_THREADS, CalibrationIndex, Hasher, Queries, overlap_of, overlaps_of
+    from fideval.windows.screen import calibration_blocks
     from fideval.windows.sources import iter_documents
 
     ev = json.loads((folder / "eval.json").read_text())
@@ -94,6 +99,7 @@ def child_fideval(folder: Path, fraction: float) -> dict:
     warm = Queries(hasher)  # loads (or, the first time, compiles) the numba loops
     warm.overlap(hasher.of_texts(ev[:1])[0])
     warm.resolve([({}, ev[0])])
+    next(iter(calibration_blocks([src], lambda m: "")))  # and the jsonl reader's
     jit = time.perf_counter() - t
     rss0 = rss_mb()
 
@@ -105,7 +111,7 @@ def child_fideval(folder: Path, fraction: float) -> dict:
     queries = Queries(hasher)
     queries.overlap(h)  # queues them all: the index is the evaluation side
     t1 = time.perf_counter()
-    queries.resolve(cal())  # one pass over the calibration stream
+    queries.resolve(calibration_blocks([src], lambda m: ""))  # one calibration pass, as `fideval windows`
     total, matched = overlaps_of(h, doc, len(ev), queries)
     t2, c2 = time.perf_counter(), time.process_time()
     peak = rss_mb()
@@ -115,11 +121,13 @@ def child_fideval(folder: Path, fraction: float) -> dict:
     sub.overlap(h)
     sub.resolve((d for d, _ in zip(cal(), range(n_sub))))
     sub_full = CalibrationIndex.build((t for (_, t), _ in zip(cal(), range(n_sub))), hasher)
+    blocks = ((b.origin(i), b.text(i)) for b in calibration_blocks([src], lambda m: "") for i in range(len(b)))
+    readers_agree = list(zip(blocks, range(n_sub))) == list(zip(cal(), range(n_sub)))
     return {"cal_ngrams": queries.ngrams, "queries": int(queries.known.size), "docs": queries.documents,
             "eval_ngrams": int(total.sum()), "matched": int(matched.sum()),
             "over_5pct": int((matched > 0.05 * np.maximum(total, 1)).sum()), "jit": jit,
             "t_build": t1 - t0, "t_eval": t2 - t1, "cpu": c2 - c0, "rss0": rss0, "peak": peak, "threads": SCAN_THREADS,
-            "sub_matched": int(sub.contains(h).sum()),
+            "sub_matched": int(sub.contains(h).sum()), "readers_agree": readers_agree,
             "sub_matched_full": sum(overlap_of(hasher.of_texts([t])[0], sub_full).matched for t in ev)}
 
 
@@ -192,6 +200,7 @@ def main() -> None:
     assert base["eval_ngrams"] == fast["eval_ngrams"], "the two implementations disagree on the 13-gram count"
     agree = ("yes" if base["matched"] == fast["sub_matched"] == fast["sub_matched_full"]
              else f"NO ({base['matched']} vs {fast['sub_matched']} vs {fast['sub_matched_full']})")
+    agree += "; fideval's two readers agree on its documents: " + ("yes" if fast["readers_agree"] else "NO")
     pct = f"{100 * a.baseline_fraction:g} %"
     with_jit = n / (fast["t_build"] + fast["t_eval"] + fast["jit"])
     print(f"overlap screen: {fast['cal_ngrams'] / 1e6:.1f} M calibration 13-grams ({fast['docs']:,} documents) vs "

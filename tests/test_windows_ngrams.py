@@ -291,3 +291,24 @@ def test_scan_results_do_not_depend_on_which_thread_hashed_a_batch():
     assert np.array_equal(res.seen, ref.seen)
     assert np.array_equal(res.pair_doc, ref.pair_doc) and np.array_equal(res.pair_hash, ref.pair_hash)
     assert res.origins == ref.origins
+
+
+def test_queries_locate_equals_a_binary_search():
+    """Queries finds resolved hashes by hash probe; the answer is a binary search's, over two passes, for
+    hashes resolved, hashes never queued, and no hashes at all."""
+    rng = np.random.default_rng(9)
+    hasher = Hasher("words", 2)
+    cal = _rand_docs(rng, 30, VOCAB)
+    q = Queries(hasher)
+    assert q._locate(np.zeros(0, np.uint64))[1].size == 0
+    for k in range(2):
+        q.overlap(hasher.of_texts(_rand_docs(rng, 10, VOCAB))[0])
+        q.resolve(enumerate(cal))
+        h = np.concatenate([q.known[rng.integers(0, q.known.size, 500)], rng.integers(0, 2**64, 500, dtype=np.uint64)])
+        i, found = q._locate(h)
+        j = np.minimum(np.searchsorted(q.known, h), q.known.size - 1)
+        assert np.array_equal(found, q.known[j] == h) and found[:500].all() and not found[500:].any()
+        assert np.array_equal(i[found], j[found])
+        with pytest.raises(ValueError, match="never resolved"):
+            q.contains(h)
+        assert np.array_equal(q.contains(h[:500]), q.seen[j[:500]])

@@ -83,6 +83,32 @@ def doc_buffer(texts: Sequence[str]) -> tuple[np.ndarray, np.ndarray]:
     return np.frombuffer(b"".join(parts), np.uint8), bounds
 
 
+def block_buffer(buf: np.ndarray, bounds: np.ndarray, texts: dict[int, str]) -> tuple[np.ndarray, np.ndarray]:
+    """:func:`doc_buffer` of a block of documents (``sources.TextBlock``): document ``i`` is the Python
+    string ``texts[i]``, or else the ASCII bytes ``buf[bounds[i]:bounds[i+1]]`` (then taken as they are,
+    with no copy when every document is)."""
+    if not texts:
+        return buf, bounds
+    n = bounds.size - 1
+    lens = np.diff(bounds)
+    mv = memoryview(buf)
+    parts: list = []
+    prev = 0
+    for i in sorted(texts):
+        if i > prev:  # documents prev..i-1: bytes already
+            parts.append(mv[bounds[prev]:bounds[i]])
+        b = _doc_bytes(texts[i])
+        parts.append(b)
+        lens[i] = len(b)
+        prev = i + 1
+    if prev < n:
+        parts.append(mv[bounds[prev]:bounds[n]])
+    parts.append(_PAD)
+    out = np.zeros(n + 1, np.int64)
+    np.cumsum(lens, out=out[1:])
+    return np.frombuffer(b"".join(parts), np.uint8), out
+
+
 def word_hashes(texts: Sequence[str]) -> tuple[np.ndarray, np.ndarray]:
     """64-bit hashes of the normalised words of ``texts``, concatenated, and the index of each word's text."""
     buf, bounds = doc_buffer(texts)

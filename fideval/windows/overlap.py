@@ -14,7 +14,9 @@ a million: one word read per probe, ~0.2 % of absent n-grams pass), and bucket s
 log2(queries) bits for the exact 64-bit comparison of those that pass. Not a Bloom filter *instead* of
 the hashes: the prefilter only saves work, every reported match is an exact 64-bit equality. The calibration stream is then hashed
 batch by batch (:func:`scan`) and each of its n-grams probed as its document is hashed; nothing of
-calibration is kept but the matches. Memory is O(evaluation n-grams + a few batches), whatever the
+calibration is kept but the matches. (A jsonl source comes in blocks of bytes whose plain lines a compiled
+parser unescapes straight into the batch, :func:`fideval.windows.sources.iter_blocks`: no Python string
+per document.) Memory is O(evaluation n-grams + a few batches), whatever the
 calibration size; there
 is no sort of calibration hashes at all. The answer is exact up to 64-bit hash collisions (the
 false-positive rate stays N / 2^64 per n-gram), so fractions equal a brute-force set computation.
@@ -51,6 +53,7 @@ import numpy as np
 
 from fideval.windows import kernels
 from fideval.windows import ngrams as ng
+from fideval.windows.sources import Blocks, TextBlock, blocks_of
 
 BATCH_CHARS = 256 << 10  # documents are hashed in batches of ~this many characters (cache-sized arrays)
 SCAN_BATCH_CHARS = 2 << 20  # the calibration pass: bigger batches, fewer hand-offs between threads
@@ -61,9 +64,10 @@ def _cores() -> int:
 
 
 # Hashing threads of the calibration pass (the compiled loop runs without the GIL): one core is left to the
-# main thread, which reads and parses JSON at about the speed one worker hashes (~0.5 s each for the bench's
-# 426 MB), so it is the bottleneck; on the 2-core bench machine a second worker only takes turns with it
-# (measured 0.55 s wall with one worker, ~1.0 s with two). Two at most: a third has nothing to do.
+# main thread, which reads the next batch and, being the faster side (a jsonl file through
+# ``sources.iter_blocks``: ~0.12 s for the bench's 426 MB, against ~1.0 s of hashing on one core), hashes
+# about 40 % of the batches itself (see :func:`scan`). On the 2-core bench machine a second worker only
+# takes turns with it (a pass measured 0.76-0.80 s with one worker, 0.79-0.85 s with two). Two at most.
 SCAN_THREADS = max(1, min(2, _cores() - 1))
 
 
@@ -110,6 +114,13 @@ class Hasher:
         assert self.encode is not None, "the tokens unit needs a tokenizer"
         return ng.token_units([self.encode(t) for t in texts])
 
+    def prepare_block(self, block: TextBlock) -> tuple[np.ndarray, np.ndarray]:
+        """:meth:`prepare` of a block of documents: for unit ``words`` the block's ASCII bytes are used as
+        they are, only its Python strings are converted."""
+        if self.unit == "words":
+            return ng.block_buffer(block.buf, block.bounds, block.texts)
+        return self.prepare([block.text(i) for i in range(len(block))])
+
     def probe(self, prepared: tuple[np.ndarray, np.ndarray], p: "Probe") -> tuple[int, np.ndarray, np.ndarray]:
         a, b = prepared
         if self.unit == "words":
@@ -134,8 +145,9 @@ class Probe:
     starts: np.ndarray
 
     @classmethod
-    def of(cls, hashes: np.ndarray) -> "Probe":
-        q = ng.sorted_unique(np.asarray(hashes, np.uint64))
+    def of(cls, hashes: np.ndarray, *, unique: bool = False) -> "Probe":
+        """Probe tables over ``hashes`` (``unique``: they are sorted and unique already)."""
+        q = np.asarray(hashes, np.uint64) if unique else ng.sorted_unique(np.asarray(hashes, np.uint64))
         lg = max(1, int(q.size - 1).bit_length())  # ceil(log2(size))
         bits = min(max(lg + 5, 7), 31)  # >= 32 bits per query (blocked Bloom, see build_probe); 256 MiB at most
         bucket_bits = min(lg, 28)
@@ -161,16 +173,20 @@ class Scan:
     origins: dict[int, Any]
 
 
-def scan(docs: Iterable[tuple[Any, str]], hasher: Hasher, probe: Probe, *, batch_chars: int = SCAN_BATCH_CHARS,
-         threads: int = SCAN_THREADS, on_batch: Callable[[int], None] | None = None) -> Scan:
-    """Stream ``docs`` ((origin, text) in stream order) through ``probe``.
+def scan(docs: Iterable[tuple[Any, str]] | Blocks, hasher: Hasher, probe: Probe, *,
+         batch_chars: int = SCAN_BATCH_CHARS, threads: int = SCAN_THREADS,
+         on_batch: Callable[[int], None] | None = None) -> Scan:
+    """Stream ``docs`` through ``probe``: (origin, text) pairs in stream order, taken in batches of
+    ~``batch_chars`` characters, or :class:`~fideval.windows.sources.Blocks` (``sources.iter_blocks``:
+    batches already made, most texts as bytes).
 
-    The calling thread reads and prepares batch k+1 (JSON, Python strings: it holds the GIL) while up to
-    ``threads`` workers run the compiled hash-and-probe loop on earlier batches (no GIL). When every worker
-    is busy and has a batch queued, the calling thread hashes the batch it just prepared itself instead of
-    waiting, so neither side idles, whichever is slower (reading or hashing: it depends on the machine and
-    on its other jobs; on the bench, one worker, 0.84-0.98 s a pass when the reader waited for the worker,
-    0.79-0.84 s when it helped with ~20 % of the batches).
+    The calling thread reads and prepares batch k+1 (it holds the GIL for what is Python: JSON lines the
+    compiled reader leaves to ``json.loads``, non-ASCII texts to normalise) while up to ``threads`` workers
+    run the compiled hash-and-probe loop on earlier batches (no GIL). When every worker is busy and has a
+    batch queued, the calling thread hashes the batch it just prepared itself instead of waiting, so
+    neither side idles, whichever is slower (reading or hashing: it depends on the data, the machine and
+    its other jobs; on the bench, whose jsonl the compiled reader takes whole, one worker hashes ~60 % of
+    the batches and the calling thread the rest, 0.76-0.80 s a pass against ~1.1 s of hashing alone).
     Results are taken in order, so counts, pairs and origins do not depend on timing. At most
     ``threads + 3`` batches are in flight: memory stays a few batches.
     """
@@ -182,7 +198,7 @@ def scan(docs: Iterable[tuple[Any, str]], hasher: Hasher, probe: Probe, *, batch
     inflight: deque = deque()
 
     def take() -> None:
-        fut, base, batch = inflight.popleft()
+        fut, base, block = inflight.popleft()
         grams, hd, hq = fut.result()
         counts[1] += int(grams)
         if hq.size:
@@ -192,21 +208,21 @@ def scan(docs: Iterable[tuple[Any, str]], hasher: Hasher, probe: Probe, *, batch
             pair_doc.append(d + base)
             pair_hash.append(probe.hashes[q])
             for i in np.unique(d).tolist():
-                origins[base + i] = batch[i][0]
+                origins[base + i] = block.origin(i)
 
     workers = max(1, threads)
     with ThreadPoolExecutor(workers) as pool:
-        for batch in batched(docs, lambda d: len(d[1]), batch_chars):
-            prepared = hasher.prepare([t for _, t in batch])
+        for block in (docs if isinstance(docs, Blocks) else blocks_of(docs, batch_chars)):
+            prepared = hasher.prepare_block(block)
             if sum(not f.done() for f, _, _ in inflight) <= workers:  # a worker is free or will be next
                 fut = pool.submit(hasher.probe, prepared, probe)
             else:  # every worker busy with a batch queued behind it: hash this one here (no GIL either)
                 fut = Future()
                 fut.set_result(hasher.probe(prepared, probe))
-            inflight.append((fut, counts[0], batch))
-            counts[0] += len(batch)
+            inflight.append((fut, counts[0], block))
+            counts[0] += len(block)
             if on_batch:
-                on_batch(sum(len(t) for _, t in batch))
+                on_batch(block.chars)
             while inflight and (inflight[0][0].done() or len(inflight) > workers + 2):
                 take()
         while inflight:
@@ -235,12 +251,19 @@ class Queries:
         self.pair_doc = np.zeros(0, np.int64)
         self.pair_hash = np.zeros(0, np.uint64)
         self.origins: dict[int, Any] = {}
+        self._probe: Probe | None = None  # over ``known``, for _locate
 
     def _locate(self, h: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-        i = np.searchsorted(self.known, h)
-        i = np.minimum(i, max(self.known.size - 1, 0))
-        found = self.known[i] == h if self.known.size else np.zeros(h.shape, bool)
-        return i, found
+        """(index in :attr:`known`, found) of each of ``h``: a probe of hash tables over :attr:`known` (made
+        after each pass), not a binary search: for a million evaluation n-grams 0.03 s against 0.35-0.5 s
+        (each search step a cache miss)."""
+        if not self.known.size:
+            return np.zeros(h.shape, np.int64), np.zeros(h.shape, bool)
+        if self._probe is None:
+            self._probe = Probe.of(self.known, unique=True)
+        i = self._probe.find(h)
+        found = i >= 0
+        return np.maximum(i, 0), found
 
     def overlap(self, h: np.ndarray) -> "Overlap | None":
         """The overlap of n-grams ``h``, or ``None`` (and ``h`` is queued) if some are not resolved yet."""
@@ -262,8 +285,9 @@ class Queries:
     def unresolved(self) -> int:
         return sum(p.size for p in self.pending)
 
-    def resolve(self, docs: Iterable[tuple[Any, str]], **kw: Any) -> Scan | None:
-        """One calibration pass for every queued hash (``docs``: (origin, text) in stream order)."""
+    def resolve(self, docs: Iterable[tuple[Any, str]] | Blocks, **kw: Any) -> Scan | None:
+        """One calibration pass for every queued hash (``docs``: (origin, text) in stream order, or
+        :class:`~fideval.windows.sources.Blocks`; see :func:`scan`)."""
         new = ng.sorted_unique(np.concatenate(self.pending)) if self.pending else np.zeros(0, np.uint64)
         self.pending = []
         if self.known.size and new.size:
@@ -277,6 +301,7 @@ class Queries:
         allh = np.concatenate([self.known, probe.hashes])
         order = np.argsort(allh, kind="stable")
         self.known = allh[order]
+        self._probe = None
         self.seen = np.concatenate([self.seen, res.seen])[order]
         self.pair_doc = np.concatenate([self.pair_doc, res.pair_doc])
         self.pair_hash = np.concatenate([self.pair_hash, res.pair_hash])

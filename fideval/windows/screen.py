@@ -11,23 +11,31 @@ resolves once, then reads the answers.
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
 
-from fideval.config import ScreenConfig
+from fideval.config import ScreenConfig, Source
 from fideval.errors import FidevalError
 from fideval.progress import progress
 from fideval.windows.encode import Encoder
-from fideval.windows.overlap import Hasher, Overlap, Queries, rank
-from fideval.windows.sources import Document, describe, iter_documents
+from fideval.windows.overlap import SCAN_BATCH_CHARS, Hasher, Overlap, Queries, rank
+from fideval.windows.sources import Blocks, Document, describe, iter_blocks, iter_documents
 
 
 def calibration_documents(cfg: ScreenConfig, enc: Encoder) -> Iterator[Document]:
     for i, src in enumerate(cfg.calibration):
         yield from iter_documents(src, f"screen.calibration[{i}]", enc.render)
+
+
+def calibration_blocks(sources: Sequence[Source], render: Callable[[list], str],
+                       batch_chars: int = SCAN_BATCH_CHARS) -> Blocks:
+    """The documents of :func:`calibration_documents` as the calibration pass reads them
+    (``sources.iter_blocks``: a jsonl file's texts go to the hashing loop as bytes)."""
+    return Blocks(b for i, src in enumerate(sources)
+                  for b in iter_blocks(src, f"screen.calibration[{i}]", render, batch_chars))
 
 
 @dataclass
@@ -65,9 +73,8 @@ class Screen:
     def resolve(self) -> bool:
         """One calibration pass for every n-gram queued so far (none if nothing is queued after the first).
         True if a pass was made."""
-        docs = ((d.origin, d.text) for d in calibration_documents(self.cfg, self.enc))
         with progress(f"calibration pass {self.queries.passes + 1}", unit="chars") as bar:
-            res = self.queries.resolve(docs, on_batch=bar.advance)
+            res = self.queries.resolve(calibration_blocks(self.cfg.calibration, self.enc.render), on_batch=bar.advance)
         if res is not None:
             _check(self.cfg, res.documents, res.ngrams)
         return res is not None

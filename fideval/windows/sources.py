@@ -19,13 +19,16 @@ first row has it, else ``messages``. A row's ``id`` field, when present, is kept
 
 from __future__ import annotations
 
+import io
 import json
 import re
 import subprocess
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
+
+import numpy as np
 
 from fideval.config import HubSource, LocalSource, resolve_path
 from fideval.errors import FidevalError
@@ -96,17 +99,24 @@ def _lines(path: Path) -> Iterator[tuple[int, str]]:
             raise _not_utf8(path) from None
 
 
+def _jsonl_row(path: Path, i: int, line: str) -> dict | None:
+    """Line ``i`` of a jsonl file as its row, or ``None`` for a blank line."""
+    if not line.strip():
+        return None
+    try:
+        row = json.loads(line)
+    except json.JSONDecodeError:
+        raise FidevalError(f"{path}:{i} is not valid JSON", hint="one JSON object per line") from None
+    if not isinstance(row, dict):
+        raise FidevalError(f"{path}:{i} is not a JSON object", hint="one JSON object per line")
+    return row
+
+
 def _rows_jsonl(path: Path) -> Iterator[tuple[dict, dict]]:
     for i, line in _lines(path):
-        if not line.strip():
-            continue
-        try:
-            row = json.loads(line)
-        except json.JSONDecodeError:
-            raise FidevalError(f"{path}:{i} is not valid JSON", hint="one JSON object per line") from None
-        if not isinstance(row, dict):
-            raise FidevalError(f"{path}:{i} is not a JSON object", hint="one JSON object per line")
-        yield {"line": i}, row
+        row = _jsonl_row(path, i, line)
+        if row is not None:
+            yield {"line": i}, row
 
 
 def _rows_parquet(path: Path) -> Iterator[tuple[dict, dict]]:
@@ -252,11 +262,19 @@ def iter_documents(src: LocalSource | HubSource, where: str, render: Callable[[l
     for pos, row in rows:
         if name is None:
             name, chat = _field(src, row, where, label)
-        text = _payload(row, name, chat, where, lambda: f"{label} " + ", ".join(f"{k} {v}" for k, v in pos.items()), render)
-        origin = {**{k: v for k, v in base.items() if v is not None}, **pos}
-        if isinstance(row.get("id"), (str, int)):
-            origin["doc_id"] = row["id"]
-        yield Document(origin=origin, text=text, chat=chat)
+        text = _payload(row, name, chat, where, _at(label, pos), render)
+        yield Document(origin=_origin(base, pos, row), text=text, chat=chat)
+
+
+def _at(label: str, pos: dict) -> Callable[[], str]:
+    return lambda: f"{label} " + ", ".join(f"{k} {v}" for k, v in pos.items())
+
+
+def _origin(base: dict, pos: dict, row: dict) -> dict[str, Any]:
+    origin = {**{k: v for k, v in base.items() if v is not None}, **pos}
+    if isinstance(row.get("id"), (str, int)):
+        origin["doc_id"] = row["id"]
+    return origin
 
 
 def describe(src: LocalSource | HubSource) -> dict[str, Any]:
@@ -265,3 +283,210 @@ def describe(src: LocalSource | HubSource) -> dict[str, Any]:
     if src.type == "hf":
         d["resolved"] = resolve_revision(src, "source")
     return d
+
+
+# == blocks of documents: the calibration pass's input =======================================================
+
+
+@dataclass
+class TextBlock:
+    """Consecutive documents of one source in stream order, as the calibration pass reads them: document
+    ``i``'s text is ``texts[i]`` when ``i`` is in ``texts``, else the ASCII bytes
+    ``buf[bounds[i]:bounds[i + 1]]`` (then the range of a document in ``texts`` is empty). ``buf`` has
+    ``kernels.PAD`` readable bytes after ``bounds[-1]``. ``origin(i)`` is document ``i``'s origin, as
+    :func:`iter_documents` gives it (built on demand: the pass asks only for documents that matched)."""
+
+    buf: np.ndarray  # uint8
+    bounds: np.ndarray  # int64, one more than documents
+    texts: dict[int, str]
+    origin: Callable[[int], dict[str, Any]]
+    chars: int  # characters of all the texts
+
+    def __len__(self) -> int:
+        return self.bounds.size - 1
+
+    def text(self, i: int) -> str:
+        t = self.texts.get(i)
+        return t if t is not None else self.buf[self.bounds[i]:self.bounds[i + 1]].tobytes().decode("ascii")
+
+
+class Blocks:
+    """A stream of :class:`TextBlock` (what :func:`iter_blocks` yields), marked as such for the calibration
+    pass (``overlap.scan``), which otherwise takes (origin, text) pairs."""
+
+    def __init__(self, blocks: Iterable[TextBlock]):
+        self._blocks = blocks
+
+    def __iter__(self) -> Iterator[TextBlock]:
+        return iter(self._blocks)
+
+
+_EMPTY = np.zeros(64, np.uint8)  # kernels.PAD bytes: a block whose documents are all in ``texts``
+
+
+def blocks_of(docs: Iterable[tuple[Any, str]], batch_chars: int) -> Iterator[TextBlock]:
+    """(origin, text) pairs as blocks of ~``batch_chars`` characters, every text a Python string."""
+    texts: list[str] = []
+    origins: list[Any] = []
+    n = 0
+    for origin, t in docs:
+        texts.append(t)
+        origins.append(origin)
+        n += len(t)
+        if n >= batch_chars:
+            yield TextBlock(_EMPTY, np.zeros(len(texts) + 1, np.int64), dict(enumerate(texts)), origins.__getitem__, n)
+            texts, origins, n = [], [], 0
+    if texts:
+        yield TextBlock(_EMPTY, np.zeros(len(texts) + 1, np.int64), dict(enumerate(texts)), origins.__getitem__, n)
+
+
+def iter_blocks(src: LocalSource | HubSource, where: str, render: Callable[[list], str],
+                batch_chars: int = 2 << 20) -> Iterator[TextBlock]:
+    """The documents of :func:`iter_documents` (same texts, origins and errors), as blocks of ~``batch_chars``
+    characters. A ``.jsonl`` file of plain text is read by :func:`_jsonl_blocks`, which hands the text of
+    most lines to the hashing loop without making a Python string of it; everything else goes through
+    :func:`iter_documents`."""
+    if src.type == "local":
+        path = resolve_path(src.path)
+        if path.is_file() and path.suffix.lower() == ".jsonl" and not src.messages_field:
+            first = _rows_jsonl(path)
+            row = next(first, None)
+            first.close()
+            if row is None:
+                return
+            name, chat = _field(src, row[1], where, src.path)
+            if not chat:
+                yield from _jsonl_blocks(path, src.path, name, where, batch_chars)
+                return
+    yield from blocks_of(((d.origin, d.text) for d in iter_documents(src, where, render)), batch_chars)
+
+
+def _jsonl_blocks(path: Path, label: str, name: str, where: str, batch_bytes: int) -> Iterator[TextBlock]:
+    """A jsonl file's documents (field ``name``, plain text) in blocks of whole lines, ~``batch_bytes`` each.
+
+    Each block is read as bytes, and the compiled loop ``kernels.jsonl_field`` parses every line that is
+    of a strict subset of JSON (an object of plain-ASCII bytes, exactly one top-level member ``name``, a
+    string unescaping to ASCII, ...: see ``kernels._json_line``) and writes the field's unescaped text back
+    to back into the block's buffer: no Python object per line. Any other line (blank, non-ASCII,
+    malformed, the field missing or not a string, ...) goes through the code of :func:`iter_documents`
+    (``_jsonl_row``, ``_payload``), so texts, skipped lines and errors are the same; a block holding a
+    ``\\r`` outside the compiled lines (a line break for Python's text files) is read by that code whole,
+    with Python's line splitting. Origins of the compiled lines are made on demand, by ``json.loads`` of
+    the line (the pass asks only for documents that matched)."""
+    from fideval.windows import kernels
+
+    pad = kernels.PAD
+    key = np.frombuffer(name.encode("utf-8"), np.uint8)
+    base = {"file": label}
+    line0 = 1  # line number of the block's first line
+    carry = b""
+    cap = max(batch_bytes, 1 << 16)
+    with open(path, "rb", buffering=0) as f:
+        while True:
+            size = max(cap, 2 * len(carry))  # a line longer than the buffer doubles it
+            raw = np.empty(size + pad, np.uint8)
+            n = len(carry)
+            raw[:n] = np.frombuffer(carry, np.uint8)
+            mv = memoryview(raw)
+            eof = False
+            while n < size:
+                got = f.readinto(mv[n:size])
+                if not got:
+                    eof = True
+                    break
+                n += got
+            end = n if eof else int(kernels.last_newline(raw, n)) + 1
+            carry = raw[end:n].tobytes()
+            if end:
+                raw[end:end + pad] = 0
+                block, lines = _jsonl_block(raw, end, key, path, label, name, where, line0, base)
+                line0 += lines
+                if len(block):
+                    yield block
+            if eof:
+                return
+
+
+def _jsonl_block(raw: np.ndarray, n: int, key: np.ndarray, path: Path, label: str, name: str, where: str,
+                 line0: int, base: dict) -> tuple[TextBlock, int]:
+    """The block of whole lines ``raw[:n]`` (``raw[n:n + PAD]`` zero), its first line being line ``line0``:
+    (its documents, its number of lines)."""
+    from fideval.windows import kernels
+
+    out = np.empty(n + kernels.PAD, np.uint8)
+    cap = n // 1024 + 64
+    parts = []
+    p = o = 0
+    while p < n:
+        ls, le, ob, oe = (np.empty(cap, np.int64) for _ in range(4))
+        k, p, o = kernels.jsonl_field(raw, p, n, key, out, o, ls, le, ob, oe)
+        parts.append((ls[:k], le[:k], ob[:k], oe[:k]))
+        cap *= 2
+    ls, le, ob, oe = (np.concatenate(x) for x in zip(*parts)) if len(parts) > 1 else parts[0]
+    lines = ls.size
+    bounds = np.empty(lines + 1, np.int64)
+    bounds[:-1] = ob
+    bounds[-1] = o
+    texts: dict[int, str] = {}
+    rows: dict[int, dict] = {}
+    chars = o
+    blank: list[int] = []
+    for j in np.flatnonzero(oe < 0).tolist():  # in order: lines before a '\r' are numbered alike either way
+        i = line0 + j
+        b = raw[ls[j]:le[j]].tobytes()
+        if b"\r" in b:
+            return _python_block(raw[:n].tobytes(), path, label, name, where, line0, base)
+        try:
+            line = b.decode("utf-8")
+        except UnicodeDecodeError:
+            raise _not_utf8(path) from None
+        row = _jsonl_row(path, i, line)
+        if row is None:
+            blank.append(j)
+            continue
+        texts[j] = t = _payload(row, name, False, where, _at(label, {"line": i}), _no_render)
+        rows[j] = row
+        chars += len(t)
+    number = np.arange(line0, line0 + lines, dtype=np.int64)  # of each document's line
+    if blank:  # no document: drop them (their ranges are empty) and renumber the rest
+        keep = np.ones(lines, bool)
+        keep[blank] = False
+        renum = np.cumsum(keep) - 1
+        texts = {int(renum[j]): t for j, t in texts.items()}
+        rows = {int(renum[j]): r for j, r in rows.items()}
+        idx = np.flatnonzero(keep)
+        bounds = np.append(bounds[idx], bounds[-1])
+        ls, le, number = ls[idx], le[idx], number[idx]
+
+    def origin(i: int) -> dict[str, Any]:
+        row = rows.get(i)
+        if row is None:
+            row = json.loads(raw[ls[i]:le[i]].tobytes())
+        return _origin(base, {"line": int(number[i])}, row)
+
+    return TextBlock(out, bounds, texts, origin, chars), lines
+
+
+def _python_block(data: bytes, path: Path, label: str, name: str, where: str, line0: int,
+                  base: dict) -> tuple[TextBlock, int]:
+    """The block ``data`` read line by line as :func:`iter_documents` reads a jsonl file (Python's text
+    mode: ``\\r``, ``\\r\\n`` and ``\\n`` end lines): (its documents, its number of lines)."""
+    texts: list[str] = []
+    origins: list[dict] = []
+    i = line0 - 1
+    with io.TextIOWrapper(io.BytesIO(data), encoding="utf-8") as f:
+        try:
+            for i, line in enumerate(f, line0):
+                row = _jsonl_row(path, i, line)
+                if row is not None:
+                    texts.append(_payload(row, name, False, where, _at(label, {"line": i}), _no_render))
+                    origins.append(_origin(base, {"line": i}, row))
+        except UnicodeDecodeError:
+            raise _not_utf8(path) from None
+    block = TextBlock(_EMPTY, np.zeros(len(texts) + 1, np.int64), dict(enumerate(texts)), origins.__getitem__,
+                      sum(map(len, texts)))
+    return block, i - line0 + 1
+
+
+def _no_render(messages: list) -> str:
+    raise AssertionError("a plain-text field is never rendered")
