@@ -88,6 +88,19 @@ def _byte_ptr(context, builder, aryty, ary, idx):
     return builder.gep(context.make_array(aryty)(context, builder, ary).data, [idx])
 
 
+_V64 = ir.VectorType(ir.IntType(8), 64)
+
+
+def _vec64_ptr(context, builder, aryty, ary, idx):
+    """``ary[idx:idx+64]`` as a pointer to one <64 x i8> vector (unaligned, no bounds check)."""
+    return builder.bitcast(_byte_ptr(context, builder, aryty, ary, idx), _V64.as_pointer())
+
+
+def _vec64(context, builder, aryty, ary, idx):
+    """The 64 bytes ``ary[idx:idx+64]`` as one <64 x i8> vector: one unaligned load."""
+    return builder.load(_vec64_ptr(context, builder, aryty, ary, idx), align=1)
+
+
 @intrinsic
 def _load64(typingctx, buf, i):
     """``buf[i:i+8]`` (a uint8 array) as a little-endian uint64: one unaligned load, no bounds check."""
@@ -113,17 +126,14 @@ def _block64(typingctx, buf, i, t, j):
         return None
 
     def codegen(context, builder, signature, args):
-        vt = ir.VectorType(ir.IntType(8), 64)
-        p = _byte_ptr(context, builder, signature.args[0], args[0], args[1])
-        v = builder.load(builder.bitcast(p, vt.as_pointer()), align=1)
-        c = (lambda k: ir.Constant(vt, [k] * 64))
+        v = _vec64(context, builder, signature.args[0], args[0], args[1])
+        c = (lambda k: ir.Constant(_V64, [k] * 64))
         below = (lambda x, lo, n: builder.icmp_unsigned("<", builder.sub(x, c(lo)), c(n)))
         digit = below(v, 0x30, 10)
         alpha = below(builder.or_(v, c(0x20)), 0x61, 26)
         high = builder.icmp_signed("<", v, c(0))
         lower = builder.or_(v, builder.select(below(v, 0x41, 26), c(0x20), c(0)))
-        q = _byte_ptr(context, builder, signature.args[2], args[2], args[3])
-        builder.store(lower, builder.bitcast(q, vt.as_pointer()), align=1)
+        builder.store(lower, _vec64_ptr(context, builder, signature.args[2], args[2], args[3]), align=1)
         return builder.bitcast(builder.or_(builder.or_(digit, alpha), high), ir.IntType(64))
     return types.uint64(buf, types.intp, t, types.intp), codegen
 
@@ -476,10 +486,8 @@ def _special64(typingctx, buf, i):
         return None
 
     def codegen(context, builder, signature, args):
-        vt = ir.VectorType(ir.IntType(8), 64)
-        p = _byte_ptr(context, builder, signature.args[0], args[0], args[1])
-        v = builder.load(builder.bitcast(p, vt.as_pointer()), align=1)
-        c = (lambda k: ir.Constant(vt, [k] * 64))
+        v = _vec64(context, builder, signature.args[0], args[0], args[1])
+        c = (lambda k: ir.Constant(_V64, [k] * 64))
         m = builder.or_(builder.or_(builder.icmp_unsigned("==", v, c(0x22)), builder.icmp_unsigned("==", v, c(0x5C))),
                         builder.icmp_signed("<", v, c(0x20)))
         return builder.bitcast(m, ir.IntType(64))
@@ -493,10 +501,8 @@ def _newline64(typingctx, buf, i):
         return None
 
     def codegen(context, builder, signature, args):
-        vt = ir.VectorType(ir.IntType(8), 64)
-        p = _byte_ptr(context, builder, signature.args[0], args[0], args[1])
-        v = builder.load(builder.bitcast(p, vt.as_pointer()), align=1)
-        return builder.bitcast(builder.icmp_unsigned("==", v, ir.Constant(vt, [10] * 64)), ir.IntType(64))
+        v = _vec64(context, builder, signature.args[0], args[0], args[1])
+        return builder.bitcast(builder.icmp_unsigned("==", v, ir.Constant(_V64, [10] * 64)), ir.IntType(64))
     return types.uint64(buf, types.intp), codegen
 
 
@@ -507,9 +513,8 @@ def _copy64(typingctx, src, i, dst, j):
         return None
 
     def codegen(context, builder, signature, args):
-        vp = ir.VectorType(ir.IntType(8), 64).as_pointer()
-        v = builder.load(builder.bitcast(_byte_ptr(context, builder, signature.args[0], args[0], args[1]), vp), align=1)
-        builder.store(v, builder.bitcast(_byte_ptr(context, builder, signature.args[2], args[2], args[3]), vp), align=1)
+        v = _vec64(context, builder, signature.args[0], args[0], args[1])
+        builder.store(v, _vec64_ptr(context, builder, signature.args[2], args[2], args[3]), align=1)
         return context.get_dummy_value()
     return types.none(src, types.intp, dst, types.intp), codegen
 
