@@ -280,8 +280,7 @@ class Runner:
         world, group = self.world, self.group
         original = experts.forward
         # one rank, grouped_mm selected, a gated bias-free module: the same bits with less traffic (experts.py)
-        lean = (self.lean_experts and world == 1 and experts_path.supported(experts)
-                and getattr(self.adapter.config, "_experts_implementation", None) == "grouped_mm")
+        lean = self._lean_path() and experts_path.supported(experts)
         if lean:
             original = lambda h, i, w: experts_path.forward(experts, h, i, w)  # noqa: E731
         if fn is not None:
@@ -435,6 +434,11 @@ class Runner:
         finally:
             pf.close()
 
+    def _lean_path(self) -> bool:
+        """Whether routed experts modules take fideval.model.experts (those it supports): one rank, grouped_mm."""
+        return (self.lean_experts and self.world == 1
+                and getattr(self.adapter.config, "_experts_implementation", None) == "grouped_mm")
+
     def _warm_up(self) -> None:
         """Once per runner, while the prefetch thread loads the first units: compile the routed experts' Triton
         kernels (experts.warmup), so that no MoE block pays a just-in-time compile. Its wall time is
@@ -443,8 +447,7 @@ class Runner:
             return
         self._warmed = True
         k = getattr(self.adapter.config, "num_experts_per_tok", None)
-        if not (self.experts and k and self.lean_experts and self.world == 1 and self.device.type == "cuda"
-                and getattr(self.adapter.config, "_experts_implementation", None) == "grouped_mm"):
+        if not (self.experts and k and self.device.type == "cuda" and self._lean_path()):
             return
         t0 = time.perf_counter()
         experts_path.warmup(self.device, self.dtype, int(k), int(self.adapter.config.hidden_size))

@@ -44,7 +44,7 @@ from __future__ import annotations
 import os
 import threading
 from collections import deque
-from collections.abc import Callable, Iterable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any
@@ -53,7 +53,7 @@ import numpy as np
 
 from fideval.windows import kernels
 from fideval.windows import ngrams as ng
-from fideval.windows.sources import Blocks, TextBlock, blocks_of
+from fideval.windows.sources import Blocks, TextBlock, batched, blocks_of
 
 BATCH_CHARS = 256 << 10  # documents are hashed in batches of ~this many characters (cache-sized arrays)
 SCAN_BATCH_CHARS = 2 << 20  # the calibration pass: bigger batches, fewer hand-offs between threads
@@ -72,18 +72,6 @@ SCAN_THREADS = max(1, min(2, _cores() - 1))
 
 
 _SCRATCH = threading.local()  # each hashing thread's work arrays (kernels.Scratch)
-
-
-def batched(docs: Iterable, size_of: Callable[[object], int], limit: int = BATCH_CHARS) -> Iterator[list]:
-    batch, n = [], 0
-    for d in docs:
-        batch.append(d)
-        n += size_of(d)
-        if n >= limit:
-            yield batch
-            batch, n = [], 0
-    if batch:
-        yield batch
 
 
 @dataclass

@@ -305,6 +305,12 @@ class TextBlock:
     def __len__(self) -> int:
         return self.bounds.size - 1
 
+    @classmethod
+    def of_texts(cls, texts: list[str], origins: list[Any]) -> "TextBlock":
+        """A block whose every document is a Python string (no bytes in ``buf``)."""
+        return cls(_EMPTY, np.zeros(len(texts) + 1, np.int64), dict(enumerate(texts)), origins.__getitem__,
+                   sum(map(len, texts)))
+
     def text(self, i: int) -> str:
         t = self.texts.get(i)
         return t if t is not None else self.buf[self.bounds[i]:self.bounds[i + 1]].tobytes().decode("ascii")
@@ -324,20 +330,23 @@ class Blocks:
 _EMPTY = np.zeros(64, np.uint8)  # kernels.PAD bytes: a block whose documents are all in ``texts``
 
 
+def batched(docs: Iterable, size_of: Callable[[Any], int], limit: int) -> Iterator[list]:
+    """``docs`` in consecutive lists, each closed once its items' sizes reach ``limit``."""
+    batch, n = [], 0
+    for d in docs:
+        batch.append(d)
+        n += size_of(d)
+        if n >= limit:
+            yield batch
+            batch, n = [], 0
+    if batch:
+        yield batch
+
+
 def blocks_of(docs: Iterable[tuple[Any, str]], batch_chars: int) -> Iterator[TextBlock]:
     """(origin, text) pairs as blocks of ~``batch_chars`` characters, every text a Python string."""
-    texts: list[str] = []
-    origins: list[Any] = []
-    n = 0
-    for origin, t in docs:
-        texts.append(t)
-        origins.append(origin)
-        n += len(t)
-        if n >= batch_chars:
-            yield TextBlock(_EMPTY, np.zeros(len(texts) + 1, np.int64), dict(enumerate(texts)), origins.__getitem__, n)
-            texts, origins, n = [], [], 0
-    if texts:
-        yield TextBlock(_EMPTY, np.zeros(len(texts) + 1, np.int64), dict(enumerate(texts)), origins.__getitem__, n)
+    for batch in batched(docs, lambda d: len(d[1]), batch_chars):
+        yield TextBlock.of_texts([t for _, t in batch], [o for o, _ in batch])
 
 
 def iter_blocks(src: LocalSource | HubSource, where: str, render: Callable[[list], str],
@@ -483,9 +492,7 @@ def _python_block(data: bytes, path: Path, label: str, name: str, where: str, li
                     origins.append(_origin(base, {"line": i}, row))
         except UnicodeDecodeError:
             raise _not_utf8(path) from None
-    block = TextBlock(_EMPTY, np.zeros(len(texts) + 1, np.int64), dict(enumerate(texts)), origins.__getitem__,
-                      sum(map(len, texts)))
-    return block, i - line0 + 1
+    return TextBlock.of_texts(texts, origins), i - line0 + 1
 
 
 def _no_render(messages: list) -> str:
