@@ -28,15 +28,25 @@ from cuda_timing import timed  # noqa: E402  (bench/, beside this file)
 
 
 def parse_config(cfg: str) -> dict:
-    """``chunk:num_warps:exp[:lean[:cvt[:ldc[:compact[:combine_warps[:rank_in_combine]]]]]]`` -> keyword
-    arguments of ``triton_kernel.score_rows`` (combine_warps, default 4, and rank_in_combine only matter with
-    compact)."""
+    """``chunk:num_warps:exp[:lean[:cvt[:ldc[:compact[:combine_warps[:rank_in_combine[:stream[:rows[:asm[:vec[:stages[:maxnreg]]]]]]]]]]]]``
+    -> keyword arguments of ``triton_kernel.score_rows`` (combine_warps, default 4, and rank_in_combine only
+    matter with compact; stream 1 = the streaming partials kernel, ``chunk`` tokens a program in tiles of
+    ``rows`` x 32 * vec * num_warps, asm (default 1) its PTX address and exponent code, vec (default 2) tokens per
+    thread and load, stages (default 3) the depth of the asynchronous-copy pipeline of its tile loads, 0 a register prefetch; maxnreg caps its registers)."""
+    if cfg == "default":
+        return {}
     f = [int(v) for v in cfg.split(":")]
     f += [0] * (7 - len(f))
     f += [4] if len(f) < 8 else []
-    f += [0] if len(f) < 9 else []
+    f += [0] * (10 - len(f))
+    f += [4] if len(f) < 11 else []
+    f += [1] if len(f) < 12 else []
+    f += [2] if len(f) < 13 else []
+    f += [3] if len(f) < 14 else []
+    f += [0] if len(f) < 15 else []
     return dict(chunk=f[0], num_warps=f[1], fast_exp=f[2], lean=f[3], cvt=f[4], ldc=f[5], compact=f[6],
-                combine_warps=f[7], rank_in_combine=f[8])
+                combine_warps=f[7], rank_in_combine=f[8], stream=f[9], tile_rows=f[10], asm=f[11], vec=f[12],
+                stages=f[13], maxnreg=f[14])
 
 
 def plain_torch(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
@@ -52,9 +62,11 @@ def main() -> None:
     ap.add_argument("--reps", type=int, default=20)
     ap.add_argument("--check-rows", type=int, default=48)
     ap.add_argument("--json", default=None)
-    ap.add_argument("--configs", default="2048:4:3:1:0:0:0,8192:8:4:0:0:0:1:4:0,8192:8:4:0:0:0:1:4:1,"
-                    "8192:8:4:0:0:0:1:8:1,4096:4:4:0:0:0:1:4:1,4096:4:4:0:0:0:1:8:1,2048:4:4:0:0:0:1:8:1",
-                    help="chunk:num_warps:exp[:lean[:cvt[:ldc]]] (exp 0 = libdevice, 1 = FMA Taylor, 2 = select-tree "
+    ap.add_argument("--profile", action="store_true", help="also print each kernel's time for the best configuration")
+    ap.add_argument("--configs", default="default,8192:8:4:0:0:0:1:4:0,8192:1:4:0:0:0:1:4:0:1:1:1:4:3,"
+                    "8192:1:4:0:0:0:1:4:0:1:2:1:2:3,4096:1:4:0:0:0:1:4:0:1:2:1:2:0,16384:1:4:0:0:0:1:4:0:1:2:1:2:0,"
+                    "8192:2:4:0:0:0:1:4:0:1:2:1:2:0,8192:1:5:0:0:0:1:4:0:1:2:1:2:0",
+                    help="'default' (score_rows' defaults) or chunk:num_warps:exp[:lean[:cvt[:ldc...]]] (see parse_config; exp 0 = libdevice, 1 = FMA Taylor, 2 = select-tree "
                     "table + FMA, 3 = degree-10 + exponent bits, 4/5/6 = gathered 2**(j/N) table with N 256/64/2048; "
                     "lean G >= 1 = the lean partials kernel, G chunks per program; cvt 1 = float32->float64 by integer "
                     "bit operations; ldc 1 = logits loaded with .cg, past L1; compact 1 = the compact partials kernel "
@@ -127,6 +139,18 @@ def main() -> None:
     if best:
         print(f"best (a): {best[0]}: {best[1]:,.0f} rows/s = {100 * best[1] / ceiling:.1f} % of copy ceiling "
               f"({ceiling:,.0f} rows/s), {best[1] * t_torch / n:.1f}x torch; max rel diff {best[2]:.2e}; self-check exact {best[3]}")
+    if best and args.profile:  # where the best configuration's time goes, kernel by kernel
+        from torch.profiler import ProfilerActivity, profile
+
+        kw = parse_config(best[0])
+        with profile(activities=[ProfilerActivity.CUDA]) as prof:
+            for _ in range(5):
+                triton_kernel.score_rows(a, b, t, **kw)
+            torch.cuda.synchronize()
+        print(f"kernels of {best[0]} (5 calls; us per call):")
+        for ev in sorted(prof.key_averages(), key=lambda e: -e.device_time_total):
+            if ev.device_time_total > 0:
+                print(f"  {ev.key[:60]:60s} {ev.device_time_total / 5:10.1f} us  x{ev.count // 5}")
     if args.json:
         with open(args.json, "w") as f:
             json.dump({"device": torch.cuda.get_device_name(dev), "rows": n, "vocab": V, "copy_gbs": copy_gbs,

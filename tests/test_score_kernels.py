@@ -32,7 +32,13 @@ BACKENDS = ["reference", "torch", "torch-blocked",
             pytest.param("triton-compact", marks=[pytest.mark.gpu, GPU]),
             pytest.param("triton-compact1k", marks=[pytest.mark.gpu, GPU]),
             pytest.param("triton-compactbits", marks=[pytest.mark.gpu, GPU]),
-            pytest.param("triton-compactrank", marks=[pytest.mark.gpu, GPU])]
+            pytest.param("triton-compactrank", marks=[pytest.mark.gpu, GPU]),
+            pytest.param("triton-stream", marks=[pytest.mark.gpu, GPU]),
+            pytest.param("triton-streamsmall", marks=[pytest.mark.gpu, GPU]),
+            pytest.param("triton-streamnoasm", marks=[pytest.mark.gpu, GPU]),
+            pytest.param("triton-stream64", marks=[pytest.mark.gpu, GPU]),
+            pytest.param("triton-stream32", marks=[pytest.mark.gpu, GPU]),
+            pytest.param("triton-stream16", marks=[pytest.mark.gpu, GPU])]
 
 
 def oracle(a: np.ndarray, b: np.ndarray, t: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
@@ -58,7 +64,7 @@ def run(backend: str, a: np.ndarray, b: np.ndarray, t: np.ndarray) -> tuple[np.n
     if backend.startswith("torch"):
         out = torch_kernel.score_rows(ta, tb, tt, budget_bytes=1 if backend == "torch-blocked" else 1 << 28)
     else:
-        old = {"compact": 0, "chunk": 2048, "num_warps": 4}  # the earlier kernels, at their measured shapes
+        old = {"stream": 0, "compact": 0, "chunk": 2048, "num_warps": 4}  # the earlier kernels, at their measured shapes
         kw = {"big": {"chunk": 16384, "num_warps": 8}, "small": {"chunk": 256, "num_warps": 2},
               "fma": {**old, "fast_exp": 1, "lean": 0}, "select": {**old, "fast_exp": 2, "lean": 0},
               "libdevice": {**old, "fast_exp": 0, "lean": 0},
@@ -69,11 +75,21 @@ def run(backend: str, a: np.ndarray, b: np.ndarray, t: np.ndarray) -> tuple[np.n
               "tab": {**old, "fast_exp": 4, "lean": 1}, "tab64bits": {**old, "fast_exp": 5, "lean": 1, "cvt": 1},
               "tab2kcg": {**old, "fast_exp": 6, "lean": 2, "chunk": 1024, "ldc": 1},
               # the compact partials kernel (argmax rescanned by the combine, -inf tests only where needed)
-              "compact": {"fast_exp": 4, "lean": 0, "compact": 1},
-              "compact1k": {"fast_exp": 3, "lean": 0, "compact": 1, "chunk": 1024, "num_warps": 2},
-              "compactbits": {"fast_exp": 6, "lean": 0, "compact": 1, "cvt": 1, "chunk": 4096},
-              "compactrank": {"fast_exp": 4, "lean": 0, "compact": 1, "rank_in_combine": 1, "chunk": 1024,
-                              "num_warps": 4}}.get(backend.partition("-")[2], {})
+              "compact": {"stream": 0, "fast_exp": 4, "lean": 0, "compact": 1},
+              "compact1k": {"stream": 0, "fast_exp": 3, "lean": 0, "compact": 1, "chunk": 1024, "num_warps": 2},
+              "compactbits": {"stream": 0, "fast_exp": 6, "lean": 0, "compact": 1, "cvt": 1, "chunk": 4096},
+              "compactrank": {"stream": 0, "fast_exp": 4, "lean": 0, "compact": 1, "rank_in_combine": 1,
+                              "chunk": 1024, "num_warps": 4},
+              # the streaming kernel (the default, "triton"): 4 warps and one-row tiles, small segments on 2 warps
+              # with Triton's copy pipeline, and without PTX
+              "stream": {"num_warps": 4, "tile_rows": 1},
+              "streamsmall": {"chunk": 1024, "num_warps": 2, "stages": 3},
+              "streamnoasm": {"chunk": 2048, "asm": 0, "vec": 4},
+              # its smaller exp tables: N 64, 32, 16
+              "stream64": {"chunk": 4096, "fast_exp": 5, "stages": 4},
+              "stream32": {"fast_exp": 7},
+              "stream16": {"num_warps": 8, "fast_exp": 8},
+              }.get(backend.partition("-")[2], {})
         out = triton_kernel.score_rows(ta.cuda(), tb.cuda(), tt.cuda(), **kw)
     return tuple(x.cpu().numpy() for x in out)
 
@@ -264,7 +280,9 @@ def test_exp_table_is_correctly_rounded():
 @pytest.mark.parametrize("backend", [pytest.param(b, marks=[pytest.mark.gpu, GPU])
                                      for b in ("triton-lean", "triton-leanloop", "triton-tab", "triton-tab64bits",
                                                "triton-compact", "triton-compact1k", "triton-compactbits",
-                                               "triton-compactrank")])
+                                               "triton-compactrank", "triton-stream", "triton-streamsmall",
+                                               "triton-streamnoasm", "triton-stream64", "triton-stream32",
+                                               "triton-stream16")])
 def test_lean_flags_at_chunk_and_program_edges(backend):
     """The lean kernel reads its flags off the maxima: put each special value on the last token of a chunk,
     of a row, and of a program's run of chunks, where a masked-lane or prefetch slip would show."""

@@ -32,7 +32,12 @@ vocab 129,280, 32 % of the copy-bandwidth ceiling, 7.5x plain torch float64 -- s
 Memory is not the limit; whether float64 issue rate, conversions or latency is, has not been profiled.
 No float64 ``[rows, V]`` tensor is ever materialised.
 
-**Compact kernel (the default: ``compact=1``, chunk 8,192, 8 warps, table exp N = 256).** ``_partials_compact``
+**The default since 2026-12-03 is the streaming kernel of** :mod:`fideval.score.triton_stream` (``stream=1``:
+one-warp programs walking their segment in small tiles, shifts at running maxima, no per-element -inf guards;
+52.8-56.9 % of copy bandwidth against 46.5-47.4 % for the compact kernel in the same runs). The kernels below are the
+``stream=0`` variants it replaced, kept as bench baselines and for their tests.
+
+**Compact kernel (``stream=0, compact=1``, chunk 8,192, 8 warps, table exp N = 256).** ``_partials_compact``
 keeps the three-kernel shape and cuts what every element pays for, found with Nsight Compute on an H200 (the lean
 kernel below issued 91 instructions per element pair, 39 of them float64, at 3 warps per scheduler):
 
@@ -66,6 +71,8 @@ import torch
 try:  # Triton is optional: the torch fallback covers machines without it.
     import triton
     import triton.language as tl
+
+    from fideval.score import triton_stream
 except ImportError:  # pragma: no cover - depends on the machine
     triton = None
     tl = None
@@ -511,6 +518,29 @@ if triton is not None:
                 tl.atomic_add(OUTI + row * 3 + 2, n)
 
 
+if triton is not None:
+
+    @triton.jit
+    def _rank_rows(B, stride_b, V, NCH, PF, BIA, OUTI, CHUNK: tl.constexpr, NCH_P2: tl.constexpr):
+        """The top-k rank, one program per row: the chunks whose candidate maximum reaches ``b[i]`` become bits of
+        one scalar (so the loop over chunks reads no memory), and only those chunks are scanned -- one or two
+        for a candidate close to its reference. Takes NCH <= 63; :func:`_rank` (a program per chunk) otherwise."""
+        row = tl.program_id(0).to(tl.int64)
+        c = tl.arange(0, NCH_P2)
+        mbv = tl.load(PF + (row * NCH + c) * 8 + 1, mask=c < NCH, other=float("-inf"))
+        bia = tl.load(BIA + row * 2 + 1).to(tl.int32).to(tl.float32, bitcast=True)
+        kia = tl.load(BIA + row * 2)
+        bits = tl.sum(tl.where(mbv >= bia.to(tl.float64), tl.full([NCH_P2], 1, tl.int64) << c.to(tl.int64), 0), axis=0)
+        o = tl.arange(0, CHUNK)
+        n = tl.full((), 0, tl.int32)
+        for c2 in range(0, NCH):
+            if ((bits >> c2) & 1) != 0:
+                offs = c2 * CHUNK + o
+                b = tl.load(B + row * stride_b + offs, mask=offs < V, other=float("-inf"))
+                n = n + tl.sum((_key(b, offs) > kia).to(tl.int32), axis=0)
+        tl.store(OUTI + row * 3 + 2, n)
+
+
 def exp64(x: torch.Tensor, variant: int = 1) -> torch.Tensor:
     """The kernel's float64 exps on their own (x <= 0), for tests: 1 = ``_exp64``, 2 = ``_exp64t``,
     3 = ``_exp64m``, 4-6 = the table exps of :func:`_exp64_n` (2 and up take -700 <= x)."""
@@ -547,7 +577,7 @@ def last_partials_kernel():
     return _LAST[0]
 
 
-_TAB_LOG2N = {4: 8, 5: 6, 6: 11}
+_TAB_LOG2N = {4: 8, 5: 6, 6: 11, 7: 5, 8: 4}  # 7, 8: N 32 / 16, the streaming kernel's
 _TABLES: dict = {}
 
 
@@ -569,22 +599,31 @@ def exp_table(variant: int, device) -> torch.Tensor:
 
 
 def score_rows(ref: torch.Tensor, cand: torch.Tensor, targets: torch.Tensor, *, chunk: int = 8192,
-               num_warps: int = 8, fast_exp: int = 4, lean: int = 0, cvt: int = 0, ldc: int = 0,
-               compact: int = 1, combine_warps: int = 4, rank_in_combine: int = 0
+               num_warps: int | None = None, fast_exp: int = 4, lean: int = 0, cvt: int = 0, ldc: int = 0,
+               compact: int = 1, combine_warps: int = 4, rank_in_combine: int = 0, stream: int = 1,
+               tile_rows: int = 2, asm: int = 1, vec: int = 2, stages: int = 0, maxnreg: int = 0
                ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """Score float32 ``[n, V]`` rows on the GPU; same returns as :func:`fideval.score.torch_kernel.score_rows`.
 
-    The default (the compact kernel, chunk 8,192, 8 warps, the N = 256 table exp, combine on 4 warps) was the
-    fastest measured on an H200 (bench/RESULTS.md, 2026-12-03: 42.0-47.9 % of copy bandwidth against 34.0-36.9 %
-    for the 2026-12-02 lean kernel in the same runs). ``compact=0`` gives the earlier kernels (bench variants);
-    ``rank_in_combine`` counts the top-k rank inside the combine instead of the rank kernel (measured: no gain).
-    ``chunk``/``num_warps`` set the work per program of the partial-sums kernel; ``fast_exp`` picks the
-    float64 exp: 0 libdevice's, 1 :func:`_exp64`, 2 :func:`_exp64t`, 3 :func:`_exp64m` (all within ~2 ulp;
-    bench/RESULTS.md). ``lean`` >= 1 runs :func:`_partials_lean` with ``lean`` chunks per program (exp 0 or 3).
+    The default is the streaming kernel (:mod:`fideval.score.triton_stream`): a segment of ``chunk`` = 8,192
+    tokens per one-warp program, walked in tiles of ``tile_rows`` x (32 * ``vec`` * ``num_warps``) tokens with the
+    next tile's loads issued before the current one is reduced (``stages`` 0; ``stages`` >= 2 uses Triton's
+    asynchronous-copy pipeline instead), the N = 256 table exp (``fast_exp`` 4; 5, 7, 8 = N 64, 32, 16) with
+    its address and exponent code in PTX (``asm``), the rank by :func:`_rank_rows`. Measured on H200s
+    (bench/RESULTS.md, 2026-12-03): 52.8-56.9 % of copy bandwidth in three runs, against 46.5-47.4 % for the
+    compact kernel in the same runs.
+
+    ``stream=0`` gives the earlier kernels (bench variants): the compact kernel (chunk 8,192 on 8 warps was its
+    best), ``rank_in_combine`` (the top-k rank inside the combine: no gain measured), ``compact=0`` the first
+    kernels, whose ``fast_exp`` picks 0 libdevice's exp, 1 :func:`_exp64`, 2 :func:`_exp64t`, 3 :func:`_exp64m`,
+    and ``lean`` >= 1 :func:`_partials_lean` with ``lean`` chunks per program. ``num_warps`` defaults to 1 for
+    the streaming kernel and 8 for the others.
     """
     if triton is None:
         raise RuntimeError("triton is not installed")
-    if compact and fast_exp not in (3, 4, 5, 6):
+    if stream and fast_exp not in (4, 5, 7, 8):
+        raise ValueError(f"the streaming kernel takes fast_exp 4, 5, 7 or 8, not {fast_exp}")
+    if compact and not stream and fast_exp not in (3, 4, 5, 6):
         raise ValueError(f"the compact kernel takes fast_exp 3-6, not {fast_exp}")
     n, vocab = ref.shape
     if cand.shape != ref.shape:
@@ -592,6 +631,9 @@ def score_rows(ref: torch.Tensor, cand: torch.Tensor, targets: torch.Tensor, *, 
     if ref.stride(1) != 1 or cand.stride(1) != 1:
         ref, cand = ref.contiguous(), cand.contiguous()
     dev = ref.device
+    if num_warps is None:
+        num_warps = 1 if stream else 8
+    compact = compact or stream  # the streaming kernel writes the compact kernel's partials (no argmax kept)
     nch = triton.cdiv(vocab, chunk)
     pf = torch.empty((n * nch, NPF), dtype=torch.float64, device=dev)
     pk = torch.empty((n * nch,), dtype=torch.int32, device=dev)
@@ -600,7 +642,15 @@ def score_rows(ref: torch.Tensor, cand: torch.Tensor, targets: torch.Tensor, *, 
     bia = torch.empty((n, 2), dtype=torch.int64, device=dev)
     t = targets.to(device=dev, dtype=torch.int64).contiguous()
     if n:
-        if compact:
+        if stream:  # the streaming partials kernel (a segment of ``chunk`` tokens per program), then its fix-ups
+            tab, log2n = exp_table(fast_exp, dev), _TAB_LOG2N[fast_exp]
+            _LAST[0] = triton_stream._partials_stream[(n * nch,)](
+                ref, cand, ref.stride(0), cand.stride(0), vocab, nch, pf, tab, SEG=chunk, R=tile_rows,
+                W=32 * vec * num_warps, LOG2N=log2n, ASM=int(asm), NS=stages, num_warps=num_warps,
+                **({"maxnreg": maxnreg} if maxnreg else {}))
+            triton_stream._fix[(n,)](pf, ref, cand, ref.stride(0), cand.stride(0), vocab, nch, tab, SEG=chunk,
+                                     NCH_P2=triton.next_power_of_2(nch), W=1024, LOG2N=log2n, num_warps=4)
+        elif compact:
             _LAST[0] = _partials_compact[(n * nch,)](ref, cand, ref.stride(0), cand.stride(0), vocab, nch, pf,
                                                      exp_table(fast_exp, dev), CHUNK=chunk, EXP=int(fast_exp),
                                                      CVT=int(cvt), LDC=int(ldc), num_warps=num_warps)
@@ -615,9 +665,19 @@ def score_rows(ref: torch.Tensor, cand: torch.Tensor, targets: torch.Tensor, *, 
         _combine[(n,)](pf, pk, ref, cand, ref.stride(0), cand.stride(0), t, figs, outi, bia, nch, vocab,
                        NCH_P2=triton.next_power_of_2(nch), SCAN=chunk if compact else 0,
                        RANK=int(bool(compact and rank_in_combine)), num_warps=combine_warps if compact else 1)
-        if not (compact and rank_in_combine):
-            # the rank pass re-reads candidate chunks at the partials' granularity (their maxima decide)
-            _rank[(n * nch,)](cand, cand.stride(0), vocab, nch, pf, bia, outi, CHUNK=chunk, num_warps=num_warps)
+        if stream and nch <= 63:  # the rank pass re-reads the candidate chunks whose maxima reach b[i]
+            _rank_rows[(n,)](cand, cand.stride(0), vocab, nch, pf, bia, outi, CHUNK=chunk,
+                             NCH_P2=triton.next_power_of_2(nch), num_warps=8)
+        elif not (compact and rank_in_combine):
+            _rank[(n * nch,)](cand, cand.stride(0), vocab, nch, pf, bia, outi, CHUNK=chunk,
+                              num_warps=8 if stream else num_warps)
+    if stream:
+        flags = torch.empty((n, 4), dtype=torch.bool, device=dev)
+        bad = torch.empty((n,), dtype=torch.bool, device=dev)
+        if n:
+            triton_stream._finish[(triton.cdiv(n, 1024),)](outi, flags.view(torch.int8), bad.view(torch.int8), n,
+                                                           BLOCK=1024, num_warps=4)
+        return figs, flags, bad
     rank = outi[:, 2]
     flags = torch.stack([rank < 1, rank < 5, rank < 10, outi[:, 0] != 0], dim=1)
     return figs, flags, outi[:, 1] != 0
