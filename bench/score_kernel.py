@@ -28,11 +28,12 @@ from cuda_timing import timed  # noqa: E402  (bench/, beside this file)
 
 
 def parse_config(cfg: str) -> dict:
-    """``chunk:num_warps:exp[:lean[:cvt[:ldc[:compact[:combine_warps[:rank_in_combine[:stream[:rows[:asm[:vec[:stages[:maxnreg]]]]]]]]]]]]``
-    -> keyword arguments of ``triton_kernel.score_rows`` (combine_warps, default 4, and rank_in_combine only
-    matter with compact; stream 1 = the streaming partials kernel, ``chunk`` tokens a program in tiles of
-    ``rows`` x 32 * vec * num_warps, asm (default 1) its PTX address and exponent code, vec (default 2) tokens per
-    thread and load, stages (default 3) the depth of the asynchronous-copy pipeline of its tile loads, 0 a register prefetch; maxnreg caps its registers)."""
+    """``chunk:num_warps:exp[:lean[:cvt[:ldc[:compact[:combine_warps[:rank_in_combine[:stream[:rows[:asm[:vec[
+    :stages[:maxnreg]]]]]]]]]]]]]`` -> keyword arguments of ``triton_kernel.score_rows``, or ``default`` for its
+    defaults. combine_warps (default 4) and rank_in_combine only matter with compact; stream 1 = the streaming
+    partials kernel: ``chunk`` tokens a program in tiles of ``rows`` (default 4) x 32 * vec * num_warps, asm
+    (default 1) its PTX address and exponent code, vec (default 2) tokens per thread and load, stages (default 0:
+    a register prefetch; >= 2 Triton's asynchronous-copy pipeline), maxnreg (0: none) a register cap."""
     if cfg == "default":
         return {}
     f = [int(v) for v in cfg.split(":")]
@@ -42,8 +43,7 @@ def parse_config(cfg: str) -> dict:
     f += [4] if len(f) < 11 else []
     f += [1] if len(f) < 12 else []
     f += [2] if len(f) < 13 else []
-    f += [3] if len(f) < 14 else []
-    f += [0] if len(f) < 15 else []
+    f += [0] * (15 - len(f))
     return dict(chunk=f[0], num_warps=f[1], fast_exp=f[2], lean=f[3], cvt=f[4], ldc=f[5], compact=f[6],
                 combine_warps=f[7], rank_in_combine=f[8], stream=f[9], tile_rows=f[10], asm=f[11], vec=f[12],
                 stages=f[13], maxnreg=f[14])

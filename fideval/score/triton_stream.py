@@ -37,6 +37,7 @@ The 75 % goal is not met.
 
 from __future__ import annotations
 
+import torch
 import triton
 import triton.language as tl
 
@@ -421,3 +422,19 @@ def _finish(OUTI, FLAGS, BAD, N, BLOCK: tl.constexpr):
     tl.store(FLAGS + r * 4 + 2, (rank < 10).to(tl.int8), mask=m)
     tl.store(FLAGS + r * 4 + 3, (hit != 0).to(tl.int8), mask=m)
     tl.store(BAD + r, (bad != 0).to(tl.int8), mask=m)
+
+
+@triton.jit
+def _exp_kernel(X, Y, N, TAB, LOG2N: tl.constexpr, ASM: tl.constexpr, BLOCK: tl.constexpr):
+    o = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+    x = tl.load(X + o, mask=o < N, other=0.0)
+    tl.store(Y + o, _exp_tab(x, TAB, LOG2N, ASM), mask=o < N)
+
+
+def exp_tab(x: torch.Tensor, tab: torch.Tensor, log2n: int, asm: int = 1) -> torch.Tensor:
+    """:func:`_exp_tab` on its own (float64 ``x`` in [-700, 0], ``tab`` = ``triton_kernel.exp_table`` of the
+    matching variant), for tests."""
+    x = x.contiguous()
+    y = torch.empty_like(x)
+    _exp_kernel[(triton.cdiv(x.numel(), 1024),)](x, y, x.numel(), tab, LOG2N=log2n, ASM=asm, BLOCK=1024)
+    return y
