@@ -31,7 +31,7 @@ def parse_config(cfg: str) -> dict:
     """``chunk:num_warps:exp[:lean[:cvt[:ldc[:compact[:combine_warps[:rank_in_combine[:stream[:rows[:asm[:vec[
     :stages[:maxnreg]]]]]]]]]]]]]`` -> keyword arguments of ``triton_kernel.score_rows``, or ``default`` for its
     defaults. combine_warps (default 4) and rank_in_combine only matter with compact; stream 1 = the streaming
-    partials kernel: ``chunk`` tokens a program in tiles of ``rows`` (default 4) x 32 * vec * num_warps, asm
+    partials kernel: ``chunk`` tokens a program in tiles of ``rows`` (1 or 2, default 2) x 32 * vec * num_warps, asm
     (default 1) its PTX address and exponent code, vec (default 2) tokens per thread and load, stages (default 0:
     a register prefetch; >= 2 Triton's asynchronous-copy pipeline), maxnreg (0: none) a register cap."""
     if cfg == "default":
@@ -40,7 +40,7 @@ def parse_config(cfg: str) -> dict:
     f += [0] * (7 - len(f))
     f += [4] if len(f) < 8 else []
     f += [0] * (10 - len(f))
-    f += [4] if len(f) < 11 else []
+    f += [2] if len(f) < 11 else []
     f += [1] if len(f) < 12 else []
     f += [2] if len(f) < 13 else []
     f += [0] * (15 - len(f))

@@ -623,6 +623,8 @@ def score_rows(ref: torch.Tensor, cand: torch.Tensor, targets: torch.Tensor, *, 
         raise RuntimeError("triton is not installed")
     if stream and fast_exp not in (4, 5, 7, 8):
         raise ValueError(f"the streaming kernel takes fast_exp 4, 5, 7 or 8, not {fast_exp}")
+    if stream and tile_rows not in (1, 2):
+        raise ValueError(f"the streaming kernel takes tiles of 1 or 2 rows, not {tile_rows}")
     if compact and not stream and fast_exp not in (3, 4, 5, 6):
         raise ValueError(f"the compact kernel takes fast_exp 3-6, not {fast_exp}")
     n, vocab = ref.shape
