@@ -30,10 +30,11 @@ from cuda_timing import timed  # noqa: E402  (bench/, beside this file)
 def parse_config(cfg: str) -> dict:
     """``chunk:num_warps:exp[:lean[:cvt[:ldc[:compact[:combine_warps[:rank_in_combine[:stream[:rows[:asm[:vec[
     :stages[:maxnreg]]]]]]]]]]]]]`` -> keyword arguments of ``triton_kernel.score_rows``, or ``default`` for its
-    defaults. combine_warps (default 4) and rank_in_combine only matter with compact; stream 1 = the streaming
-    partials kernel: ``chunk`` tokens a program in tiles of ``rows`` (1 or 2, default 2) x 32 * vec * num_warps, asm
-    (default 1) its PTX address and exponent code, vec (default 2) tokens per thread and load, stages (default 0:
-    a register prefetch; >= 2 Triton's asynchronous-copy pipeline), maxnreg (0: none) a register cap."""
+    defaults. combine_warps (default 4) and rank_in_combine only matter with compact; stream 1 = the
+    streaming partials kernel: ``chunk`` tokens a program in tiles of ``rows`` (1 or 2, default 2) x 32 * vec *
+    num_warps, asm (default 1) its PTX address and exponent code, vec (default 2) tokens per thread and load,
+    stages (default 0: a register prefetch; >= 2 Triton's asynchronous-copy pipeline), maxnreg (0: none) a
+    register cap."""
     if cfg == "default":
         return {}
     f = [int(v) for v in cfg.split(":")]
