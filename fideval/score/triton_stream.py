@@ -26,8 +26,9 @@ Compute on an H200 showed what the streaming shape is then up against: no pipe i
   high word) are PTX, where Triton's 64-bit integer code takes four instructions.
 
 The partials written are those of the compact kernel (``ma, mb, Sa, Sb, X, Y, E, flags`` per segment,
-relative to the segment maxima), so :func:`~fideval.score.triton_kernel._combine` and ``_rank`` follow it
-unchanged; :func:`_finish` turns their integers into the boolean outputs in one launch.
+relative to the segment maxima), so :func:`~fideval.score.triton_kernel._combine` follows it unchanged; the
+rank pass is :func:`~fideval.score.triton_kernel._rank_rows` (a program per row, scanning only the chunks whose
+candidate maximum reaches ``b[i]``), and :func:`_finish` turns their integers into the boolean outputs.
 
 Measured (bench/RESULTS.md, 2026-12-03, H200s, 2,047 rows at vocab 129,280): the whole scorer at 52.8-56.9 % of
 copy bandwidth and 12.1-13.1x torch float64 over three runs (this kernel 724-738 us of the ~0.9 ms), against
