@@ -73,6 +73,7 @@ try:  # Triton is optional: the torch fallback covers machines without it.
     import triton.language as tl
 
     from fideval.score import triton_stream
+    from fideval.score.triton_stream import _add5, _f64, _max2, _or, _pack8  # the helpers both modules use
 except ImportError:  # pragma: no cover - depends on the machine
     triton = None
     tl = None
@@ -85,11 +86,6 @@ def available() -> bool:
 
 
 if triton is not None:
-
-    @triton.jit
-    def _f64(like, v: tl.constexpr):
-        # a float64 constant at full precision (a bare Python float literal is typed float32 by Triton)
-        return tl.full(like.shape, v, tl.float64)
 
     @triton.jit
     def _exp64(x):
@@ -264,12 +260,6 @@ if triton is not None:
         return xa, xb, ea, eb
 
     @triton.jit
-    def _pack8(j, ma, mb, s_a, s_b, x_, y_, ea_, flags):
-        """The eight float64 partials of one (row, chunk), laid along ``j = arange(8)`` for one store."""
-        return tl.where(j == 0, ma, tl.where(j == 1, mb, tl.where(j == 2, s_a, tl.where(j == 3, s_b, tl.where(
-            j == 4, x_, tl.where(j == 5, y_, tl.where(j == 6, ea_, flags.to(tl.float64))))))))
-
-    @triton.jit
     def _lean_chunk(a, b, offs, q, PF, PK, NQ, TAB, EXP: tl.constexpr, CVT: tl.constexpr):
         """The partials of one chunk with fewer per-element operations than ``_partials``: the flags come
         out of the max reduction itself. NaN-propagating maxima flag NaN/+inf (a NaN anywhere makes the chunk
@@ -335,10 +325,6 @@ if triton is not None:
                 tl.minimum(u1, u2), tl.minimum(v1, v2))
 
     @triton.jit
-    def _add5(a0, a1, a2, a3, a4, b0, b1, b2, b3, b4):
-        return a0 + b0, a1 + b1, a2 + b2, a3 + b3, a4 + b4
-
-    @triton.jit
     def _partials_compact(A, B, stride_a, stride_b, V, NCH, PF, TAB, CHUNK: tl.constexpr, EXP: tl.constexpr,
                           CVT: tl.constexpr, LDC: tl.constexpr):
         """One (row, chunk) per program with the per-element work cut to what every row needs: one reduction
@@ -357,7 +343,7 @@ if triton is not None:
         if (na32 == float("-inf")) | (nb32 == float("-inf")):  # masked tokens here: settle the infinite KLDs
             ua = tl.where(b == float("-inf"), a, float("-inf"))  # > -inf somewhere: KL = +inf
             ub = tl.where(a == float("-inf"), b, float("-inf"))  # the mirror: reverse KL = +inf
-            umax, vmax = tl.reduce((ua, ub), 0, _max_max)
+            umax, vmax = tl.reduce((ua, ub), 0, _max2)
             flags = flags | ((umax > float("-inf")).to(tl.int32) << 1) | ((vmax > float("-inf")).to(tl.int32) << 2)
         ma = ma32.to(tl.float64)
         mb = mb32.to(tl.float64)
@@ -369,10 +355,6 @@ if triton is not None:
         j = tl.arange(0, 8)
         vals = _pack8(j, ma, mb, s_a, s_b, x_, y_, ea_, flags)
         tl.store(PF + pid.to(tl.int64) * 8 + j, vals)
-
-    @triton.jit
-    def _max_max(a1, b1, a2, b2):
-        return tl.maximum(a1, a2), tl.maximum(b1, b2)
 
     @triton.jit
     def _key(x, idx):
@@ -497,10 +479,6 @@ if triton is not None:
             tl.store(oi + 2, n)
         else:
             tl.store(oi + 2, 0)  # the rank, counted by _rank
-
-    @triton.jit
-    def _or(x, y):
-        return x | y
 
     @triton.jit
     def _rank(B, stride_b, V, NCH, PF, BIA, OUTI, CHUNK: tl.constexpr):

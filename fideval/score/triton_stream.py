@@ -49,6 +49,7 @@ RANGE = tl.constexpr(640.0)
 
 @triton.jit
 def _f64(like, v: tl.constexpr):
+    # a float64 constant at full precision (a bare Python float literal is typed float32 by Triton)
     return tl.full(like.shape, v, tl.float64)
 
 
@@ -75,40 +76,33 @@ def _inv_fact(like, K: tl.constexpr):
 
 
 @triton.jit
-def _exp_tab(x, TAB, LOG2N: tl.constexpr, ASM: tl.constexpr, CW2: tl.constexpr = 0):
+def _exp_tab(x, TAB, LOG2N: tl.constexpr, ASM: tl.constexpr):
     """exp(x), |x| <= 700: x = k ln2/N + r with N = 2**LOG2N (k from the 1.5 * 2**52 rounding trick: t's low
     word), r by one FMA (ln2/N rounded: r is off by |x| * 1.1e-16, which no sum can see, since every x here is
-    taken at or below a running maximum, so large |x| means a negligible term; ``CW2`` splits ln2/N in two for
-    an exp whose error does not grow with |x|), exp(r) - 1 = r q(r) with q the Taylor polynomial
+    taken at or below a running maximum, so large |x| means a negligible term), exp(r) - 1 = r q(r) with q the Taylor polynomial
     of degree DEG - 1 (truncation below 4e-17 on |r| <= ln2/2N), times ``TAB[k mod N]`` = 2**((k mod N)/N), with
     k div N added to the exponent bits. N / DEG: 256 / 4, 64 / 5, 32 / 6, 16 / 7 -- a smaller table is fewer L1
     lines for the gather (32 lanes, random indices) to touch, at one more FMA per step."""
     if LOG2N == 8:
         INV: tl.constexpr = 369.3299304675746
         HI: tl.constexpr = 0.0027076061740622863
-        LO: tl.constexpr = 9.058776616587108e-20
         DEG: tl.constexpr = 4
     elif LOG2N == 6:
         INV: tl.constexpr = 92.33248261689366
         HI: tl.constexpr = 0.010830424696249145
-        LO: tl.constexpr = 3.623510646634843e-19
         DEG: tl.constexpr = 5
     elif LOG2N == 5:
         INV: tl.constexpr = 46.16624130844683
         HI: tl.constexpr = 0.02166084939249829
-        LO: tl.constexpr = 7.247021293269686e-19
         DEG: tl.constexpr = 6
     else:
         INV: tl.constexpr = 23.083120654223414
         HI: tl.constexpr = 0.04332169878499658
-        LO: tl.constexpr = 1.4494042586539372e-18
         DEG: tl.constexpr = 7
     magic = _f64(x, 6755399441055744.0)
     t = tl.fma(x, _f64(x, INV), magic)
     kd = t - magic
     r = tl.fma(kd, _f64(x, -HI), x)
-    if CW2:
-        r = tl.fma(kd, _f64(x, -LO), r)
     ki = t.to(tl.int64, bitcast=True).to(tl.int32)
     if ASM:
         if LOG2N == 8:
@@ -211,6 +205,7 @@ def _safe_tile(a, b, ma32, mb32, sa, sb, acc, u_a, u_b, TAB, LOG2N: tl.constexpr
 
 @triton.jit
 def _pack8(j, ma, mb, s_a, s_b, x_, y_, ea_, flags):
+    """The eight float64 partials of one (row, chunk), laid along ``j = arange(8)`` for one store."""
     return tl.where(j == 0, ma, tl.where(j == 1, mb, tl.where(j == 2, s_a, tl.where(j == 3, s_b, tl.where(
         j == 4, x_, tl.where(j == 5, y_, tl.where(j == 6, ea_, flags.to(tl.float64))))))))
 
@@ -231,6 +226,19 @@ def _shift_to(acc, sa, sb, na, nb, TAB, LOG2N: tl.constexpr, ASM: tl.constexpr):
 
 
 @triton.jit
+def _raise_shifts(ma32, mb32, ta, tb, sa, sb, acc, TAB, LOG2N: tl.constexpr, ASM: tl.constexpr):
+    """The running maxima after a tile whose maxima are ``ta``/``tb`` (NaN-propagating), and the shifts and sums
+    moved to them when one grows (a uniform branch)."""
+    na32 = tl.maximum(ma32, ta, propagate_nan=tl.PropagateNan.ALL)
+    nb32 = tl.maximum(mb32, tb, propagate_nan=tl.PropagateNan.ALL)
+    if (na32 > ma32) | (nb32 > mb32):
+        acc = _shift_to(acc, sa, sb, na32.to(tl.float64), nb32.to(tl.float64), TAB, LOG2N, ASM)
+        sa = na32.to(tl.float64)
+        sb = nb32.to(tl.float64)
+    return na32, nb32, sa, sb, acc
+
+
+@triton.jit
 def _tile_update(a0, b0, a1, b1, ma32, mb32, sa, sb, mn_a, mn_b, acc, w, TAB, R: tl.constexpr, LOG2N: tl.constexpr,
                  ASM: tl.constexpr):
     """One tile (rows ``a0``/``b0`` and, when R == 2, ``a1``/``b1``): raise the shifts to the tile's maxima
@@ -244,16 +252,11 @@ def _tile_update(a0, b0, a1, b1, ma32, mb32, sa, sb, mn_a, mn_b, acc, w, TAB, R:
         ta, tb = tl.reduce((a0, b0), 0, _nanmax2)
         mn_a = tl.minimum(mn_a, a0)
         mn_b = tl.minimum(mn_b, b0)
-    na32 = tl.maximum(ma32, ta, propagate_nan=tl.PropagateNan.ALL)
-    nb32 = tl.maximum(mb32, tb, propagate_nan=tl.PropagateNan.ALL)
-    if (na32 > ma32) | (nb32 > mb32):
-        acc = _shift_to(acc, sa, sb, na32.to(tl.float64), nb32.to(tl.float64), TAB, LOG2N, ASM)
-        sa = na32.to(tl.float64)
-        sb = nb32.to(tl.float64)
+    ma32, mb32, sa, sb, acc = _raise_shifts(ma32, mb32, ta, tb, sa, sb, acc, TAB, LOG2N, ASM)
     acc = _fast_tile(a0, b0, sa, sb, w, acc, TAB, LOG2N, ASM, False)
     if R == 2:
         acc = _fast_tile(a1, b1, sa, sb, w, acc, TAB, LOG2N, ASM, False)
-    return na32, nb32, sa, sb, mn_a, mn_b, acc
+    return ma32, mb32, sa, sb, mn_a, mn_b, acc
 
 
 @triton.jit
@@ -318,13 +321,7 @@ def _segment(pa, pb, n, TAB, R: tl.constexpr, W: tl.constexpr, LOG2N: tl.constex
         ta, tb = tl.reduce((a, b), 0, _nanmax2)
         mn_a = tl.minimum(mn_a, tl.where(m, a, float("inf")))
         mn_b = tl.minimum(mn_b, tl.where(m, b, float("inf")))
-        na32 = tl.maximum(ma32, ta, propagate_nan=tl.PropagateNan.ALL)
-        nb32 = tl.maximum(mb32, tb, propagate_nan=tl.PropagateNan.ALL)
-        if (na32 > ma32) | (nb32 > mb32):
-            acc = _shift_to(acc, sa, sb, na32.to(tl.float64), nb32.to(tl.float64), TAB, LOG2N, ASM)
-            sa = na32.to(tl.float64)
-            sb = nb32.to(tl.float64)
-        ma32, mb32 = na32, nb32
+        ma32, mb32, sa, sb, acc = _raise_shifts(ma32, mb32, ta, tb, sa, sb, acc, TAB, LOG2N, ASM)
         acc = _fast_tile(tl.where(m, a, 0.0), tl.where(m, b, 0.0), sa, sb, m, acc, TAB, LOG2N, ASM, True)
     bad = (ma32 != ma32) | (ma32 == float("inf")) | (mb32 != mb32) | (mb32 == float("inf"))
     ma = ma32.to(tl.float64)
