@@ -38,7 +38,10 @@ BACKENDS = ["reference", "torch", "torch-blocked",
             pytest.param("triton-streamnoasm", marks=[pytest.mark.gpu, GPU]),
             pytest.param("triton-stream64", marks=[pytest.mark.gpu, GPU]),
             pytest.param("triton-stream32", marks=[pytest.mark.gpu, GPU]),
-            pytest.param("triton-stream16", marks=[pytest.mark.gpu, GPU])]
+            pytest.param("triton-stream16", marks=[pytest.mark.gpu, GPU]),
+            pytest.param("triton-streamv5", marks=[pytest.mark.gpu, GPU]),
+            pytest.param("triton-streamred1", marks=[pytest.mark.gpu, GPU]),
+            pytest.param("triton-stream2k", marks=[pytest.mark.gpu, GPU])]
 
 
 def oracle(a: np.ndarray, b: np.ndarray, t: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
@@ -89,6 +92,11 @@ def run(backend: str, a: np.ndarray, b: np.ndarray, t: np.ndarray) -> tuple[np.n
               "stream64": {"chunk": 4096, "fast_exp": 5, "stages": 4},
               "stream32": {"fast_exp": 7},
               "stream16": {"num_warps": 8, "fast_exp": 8},
+              # its changes of 2026-12-03 (session 6) off: shuffle maxima, one tile a loop trip, constants as
+              # literals; integer maxima without the in-lane pair maximum; segments of 2,048 on 2 warps
+              "streamv5": {"red": 0, "unroll": 0, "carg": 0},
+              "streamred1": {"red": 1, "tile_rows": 1, "vec": 4},
+              "stream2k": {"chunk": 2048, "num_warps": 2},
               }.get(backend.partition("-")[2], {})
         out = triton_kernel.score_rows(ta.cuda(), tb.cuda(), tt.cuda(), **kw)
     return tuple(x.cpu().numpy() for x in out)
@@ -305,7 +313,8 @@ def test_exp_table_is_correctly_rounded():
                                                "triton-compact", "triton-compact1k", "triton-compactbits",
                                                "triton-compactrank", "triton-stream", "triton-streamsmall",
                                                "triton-streamnoasm", "triton-stream64", "triton-stream32",
-                                               "triton-stream16")])
+                                               "triton-stream16", "triton-streamv5", "triton-streamred1",
+                                               "triton-stream2k")])
 def test_lean_flags_at_chunk_and_program_edges(backend):
     """The lean kernel reads its flags off the maxima: put each special value on the last token of a chunk,
     of a row, and of a program's run of chunks, where a masked-lane or prefetch slip would show."""
@@ -339,3 +348,25 @@ def test_streaming_kernel_refuses_shapes_it_has_no_code_for():
         triton_kernel.score_rows(a, a, t, tile_rows=4)
     with pytest.raises(ValueError, match="fast_exp 4, 5, 7 or 8, not 6"):
         triton_kernel.score_rows(a, a, t, fast_exp=6)
+
+
+@pytest.mark.gpu
+@GPU
+def test_streaming_speedups_change_no_bit():
+    """Integer-key maxima, two tiles a loop trip and constants as kernel arguments do the same float64
+    operations in the same order as the kernel without them: the outputs are equal bit for bit, on rows that
+    hold zeros of both signs, subnormals and a ragged last segment."""
+    rng = np.random.default_rng(12)
+    a, b, t = realistic(rng, 6, 20_011, 0.1)
+    a[0, :50] = 0.0
+    b[0, :50] = -0.0
+    a[1, 100:120] = 1e-41
+    b[1, 100:120] = -3e-45
+    a[2] = -np.abs(a[2])  # every logit negative: the sign path of the bit moves
+    b[3] = np.abs(b[3])
+    ta, tb, tt = (torch.from_numpy(x).cuda() for x in (a, b, t.astype(np.int64)))
+    base = triton_kernel.score_rows(ta, tb, tt, red=0, unroll=0, carg=0)
+    for kw in ({}, {"red": 1}, {"carg": 0}, {"unroll": 0}):
+        out = triton_kernel.score_rows(ta, tb, tt, **kw)
+        for x, y in zip(out, base):
+            assert torch.equal(x, y), kw

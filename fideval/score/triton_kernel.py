@@ -33,9 +33,10 @@ Memory is not the limit; whether float64 issue rate, conversions or latency is, 
 No float64 ``[rows, V]`` tensor is ever materialised.
 
 **The default since 2026-12-03 is the streaming kernel of** :mod:`fideval.score.triton_stream` (``stream=1``:
-one-warp programs walking their segment in small tiles, shifts at running maxima, no per-element -inf guards;
-52.8-56.9 % of copy bandwidth against 46.5-47.4 % for the compact kernel in the same runs). The kernels below are the
-``stream=0`` variants it replaced, kept as bench baselines and for their tests.
+one-warp programs walking their segment in small tiles, shifts at running maxima, no per-element -inf guards,
+then one program a row for the outputs; 59.8-61.3 % of copy bandwidth against 42.0-42.4 % for the compact
+kernel in the same runs). The kernels below are the ``stream=0`` variants it replaced, kept as bench baselines and for their
+tests.
 
 **Compact kernel (``stream=0, compact=1``, chunk 8,192, 8 warps, table exp N = 256).** ``_partials_compact``
 keeps the three-kernel shape and cuts what every element pays for, found with Nsight Compute on an H200 (the lean
@@ -73,7 +74,7 @@ try:  # Triton is optional: the torch fallback covers machines without it.
     import triton.language as tl
 
     from fideval.score import triton_stream
-    from fideval.score.triton_stream import _add5, _f64, _max2, _or, _pack8  # the helpers both modules use
+    from fideval.score.triton_stream import _add5, _f64, _key, _max2, _or, _pack8  # the helpers both modules use
 except ImportError:  # pragma: no cover - depends on the machine
     triton = None
     tl = None
@@ -357,13 +358,6 @@ if triton is not None:
         tl.store(PF + pid.to(tl.int64) * 8 + j, vals)
 
     @triton.jit
-    def _key(x, idx):
-        x = tl.where(x == 0.0, 0.0, x)  # -0.0 and +0.0 are the same logit
-        bits = x.to(tl.int32, bitcast=True)
-        k32 = tl.where(bits >= 0, bits, bits ^ 0x7FFFFFFF)
-        return (k32.to(tl.int64) << 32) | (2147483647 - idx).to(tl.int64)
-
-    @triton.jit
     def _max_max_or(m1, n1, f1, m2, n2, f2):
         return tl.maximum(m1, m2), tl.maximum(n1, n2), f1 | f2
 
@@ -496,29 +490,6 @@ if triton is not None:
                 tl.atomic_add(OUTI + row * 3 + 2, n)
 
 
-if triton is not None:
-
-    @triton.jit
-    def _rank_rows(B, stride_b, V, NCH, PF, BIA, OUTI, CHUNK: tl.constexpr, NCH_P2: tl.constexpr):
-        """The top-k rank, one program per row: the chunks whose candidate maximum reaches ``b[i]`` become bits of
-        one scalar (so the loop over chunks reads no memory), and only those chunks are scanned -- one or two
-        for a candidate close to its reference. Takes NCH <= 63; :func:`_rank` (a program per chunk) otherwise."""
-        row = tl.program_id(0).to(tl.int64)
-        c = tl.arange(0, NCH_P2)
-        mbv = tl.load(PF + (row * NCH + c) * 8 + 1, mask=c < NCH, other=float("-inf"))
-        bia = tl.load(BIA + row * 2 + 1).to(tl.int32).to(tl.float32, bitcast=True)
-        kia = tl.load(BIA + row * 2)
-        bits = tl.sum(tl.where(mbv >= bia.to(tl.float64), tl.full([NCH_P2], 1, tl.int64) << c.to(tl.int64), 0), axis=0)
-        o = tl.arange(0, CHUNK)
-        n = tl.full((), 0, tl.int32)
-        for c2 in range(0, NCH):
-            if ((bits >> c2) & 1) != 0:
-                offs = c2 * CHUNK + o
-                b = tl.load(B + row * stride_b + offs, mask=offs < V, other=float("-inf"))
-                n = n + tl.sum((_key(b, offs) > kia).to(tl.int32), axis=0)
-        tl.store(OUTI + row * 3 + 2, n)
-
-
 def exp64(x: torch.Tensor, variant: int = 1) -> torch.Tensor:
     """The kernel's float64 exps on their own (x <= 0), for tests: 1 = ``_exp64``, 2 = ``_exp64t``,
     3 = ``_exp64m``, 4-6 = the table exps of :func:`_exp64_n` (2 and up take -700 <= x)."""
@@ -556,6 +527,8 @@ def last_partials_kernel():
 
 
 _TAB_LOG2N = {4: 8, 5: 6, 6: 11, 7: 5, 8: 4}  # 7, 8: N 32 / 16, the streaming kernel's
+# the N = 256 table exp's constants as float64 kernel arguments: 1 / step, -step (step = ln2 / 256), 1/24, 1/6
+_EXP256 = (369.3299304675746, -0.0027076061740622863, 1.0 / 24.0, 1.0 / 6.0)
 _TABLES: dict = {}
 
 
@@ -579,17 +552,20 @@ def exp_table(variant: int, device) -> torch.Tensor:
 def score_rows(ref: torch.Tensor, cand: torch.Tensor, targets: torch.Tensor, *, chunk: int = 8192,
                num_warps: int | None = None, fast_exp: int = 4, lean: int = 0, cvt: int = 0, ldc: int = 0,
                compact: int = 1, combine_warps: int = 4, rank_in_combine: int = 0, stream: int = 1,
-               tile_rows: int = 2, asm: int = 1, vec: int = 2, stages: int = 0, maxnreg: int = 0
+               tile_rows: int = 2, asm: int = 1, vec: int = 2, stages: int = 0, maxnreg: int = 0,
+               red: int = 2, unroll: int = 1, carg: int = 1, post_warps: int = 4
                ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """Score float32 ``[n, V]`` rows on the GPU; same returns as :func:`fideval.score.torch_kernel.score_rows`.
 
     The default is the streaming kernel (:mod:`fideval.score.triton_stream`): a segment of ``chunk`` = 8,192
     tokens per one-warp program, walked in tiles of ``tile_rows`` x (32 * ``vec`` * ``num_warps``) tokens with the
-    next tile's loads issued before the current one is reduced (``stages`` 0; ``stages`` >= 2 uses Triton's
-    asynchronous-copy pipeline instead), the N = 256 table exp (``fast_exp`` 4; 5, 7, 8 = N 64, 32, 16) with
-    its address and exponent code in PTX (``asm``), the rank by :func:`_rank_rows`. Measured on H200s
-    (bench/RESULTS.md, 2026-12-03): 52.8-56.9 % of copy bandwidth in three runs, against 46.5-47.4 % for the
-    compact kernel in the same runs.
+    next tile's loads issued before the current one is reduced (``stages`` 0, two tiles a loop trip with
+    ``unroll``; ``stages`` >= 2 uses Triton's asynchronous-copy pipeline instead), tile maxima by integer warp
+    reductions (``red`` 2; 1 without the in-lane pair maximum, 0 shuffles), the N = 256 table exp (``fast_exp``
+    4; 5, 7, 8 = N 64, 32, 16) with its address and exponent code in PTX (``asm``) and its constants as kernel
+    arguments (``carg``); then one launch of :func:`~fideval.score.triton_stream._post` (``post_warps`` warps a
+    row) for the combine, the rank and the flags. ``chunk`` must be a whole number of tiles. Measured on H200s:
+    see bench/RESULTS.md.
 
     ``stream=0`` gives the earlier kernels (bench variants): the compact kernel (chunk 8,192 on 8 warps was its
     best), ``rank_in_combine`` (the top-k rank inside the combine: no gain measured), ``compact=0`` the first
@@ -613,24 +589,34 @@ def score_rows(ref: torch.Tensor, cand: torch.Tensor, targets: torch.Tensor, *, 
     dev = ref.device
     if num_warps is None:
         num_warps = 1 if stream else 8
-    compact = compact or stream  # the streaming kernel writes the compact kernel's partials (no argmax kept)
     nch = triton.cdiv(vocab, chunk)
+    t = targets.to(device=dev, dtype=torch.int64).contiguous()
     pf = torch.empty((n * nch, NPF), dtype=torch.float64, device=dev)
-    pk = torch.empty((n * nch,), dtype=torch.int32, device=dev)
     figs = torch.empty((n, 7), dtype=torch.float64, device=dev)
+    if stream:  # the streaming partials kernel (a segment of ``chunk`` tokens per program), then the row outputs
+        flags = torch.empty((n, 4), dtype=torch.bool, device=dev)
+        bad = torch.empty((n,), dtype=torch.bool, device=dev)
+        if n:
+            tab, log2n = exp_table(fast_exp, dev), _TAB_LOG2N[fast_exp]
+            g = tile_rows * 32 * vec * num_warps  # tokens a tile: the rank pass's unit
+            if chunk % g:
+                raise ValueError(f"the streaming kernel's segments are whole tiles: chunk {chunk} is not a "
+                                 f"multiple of {g}")
+            tm = torch.empty((n * (vocab // g),), dtype=torch.float32, device=dev)
+            _LAST[0] = triton_stream._partials_stream[(n * nch,)](
+                ref, cand, ref.stride(0), cand.stride(0), vocab, nch, pf, tm, tab, *_EXP256, SEG=chunk, R=tile_rows,
+                W=32 * vec * num_warps, LOG2N=log2n, ASM=int(asm), NS=stages, RED=int(red), UNR=int(unroll),
+                CARG=int(bool(carg) and log2n == 8), num_warps=num_warps,
+                **({"maxnreg": maxnreg} if maxnreg else {}))
+            triton_stream._post[(n,)](pf, tm, ref, cand, ref.stride(0), cand.stride(0), t, vocab, nch, figs,
+                                      flags.view(torch.int8), bad.view(torch.int8), SEG=chunk,
+                                      NCH_P2=triton.next_power_of_2(nch), G=g, TB=1024, num_warps=post_warps)
+        return figs, flags, bad
+    pk = torch.empty((n * nch,), dtype=torch.int32, device=dev)
     outi = torch.empty((n, 3), dtype=torch.int32, device=dev)
     bia = torch.empty((n, 2), dtype=torch.int64, device=dev)
-    t = targets.to(device=dev, dtype=torch.int64).contiguous()
     if n:
-        if stream:  # the streaming partials kernel (a segment of ``chunk`` tokens per program), then its fix-ups
-            tab, log2n = exp_table(fast_exp, dev), _TAB_LOG2N[fast_exp]
-            _LAST[0] = triton_stream._partials_stream[(n * nch,)](
-                ref, cand, ref.stride(0), cand.stride(0), vocab, nch, pf, tab, SEG=chunk, R=tile_rows,
-                W=32 * vec * num_warps, LOG2N=log2n, ASM=int(asm), NS=stages, num_warps=num_warps,
-                **({"maxnreg": maxnreg} if maxnreg else {}))
-            triton_stream._fix[(n,)](pf, ref, cand, ref.stride(0), cand.stride(0), vocab, nch, tab, SEG=chunk,
-                                     NCH_P2=triton.next_power_of_2(nch), W=1024, LOG2N=log2n, num_warps=4)
-        elif compact:
+        if compact:
             _LAST[0] = _partials_compact[(n * nch,)](ref, cand, ref.stride(0), cand.stride(0), vocab, nch, pf,
                                                      exp_table(fast_exp, dev), CHUNK=chunk, EXP=int(fast_exp),
                                                      CVT=int(cvt), LDC=int(ldc), num_warps=num_warps)
@@ -645,19 +631,8 @@ def score_rows(ref: torch.Tensor, cand: torch.Tensor, targets: torch.Tensor, *, 
         _combine[(n,)](pf, pk, ref, cand, ref.stride(0), cand.stride(0), t, figs, outi, bia, nch, vocab,
                        NCH_P2=triton.next_power_of_2(nch), SCAN=chunk if compact else 0,
                        RANK=int(bool(compact and rank_in_combine)), num_warps=combine_warps if compact else 1)
-        if stream and nch <= 63:  # the rank pass re-reads the candidate chunks whose maxima reach b[i]
-            _rank_rows[(n,)](cand, cand.stride(0), vocab, nch, pf, bia, outi, CHUNK=chunk,
-                             NCH_P2=triton.next_power_of_2(nch), num_warps=8)
-        elif not (compact and rank_in_combine):
-            _rank[(n * nch,)](cand, cand.stride(0), vocab, nch, pf, bia, outi, CHUNK=chunk,
-                              num_warps=8 if stream else num_warps)
-    if stream:
-        flags = torch.empty((n, 4), dtype=torch.bool, device=dev)
-        bad = torch.empty((n,), dtype=torch.bool, device=dev)
-        if n:
-            triton_stream._finish[(triton.cdiv(n, 1024),)](outi, flags.view(torch.int8), bad.view(torch.int8), n,
-                                                           BLOCK=1024, num_warps=4)
-        return figs, flags, bad
+        if not (compact and rank_in_combine):
+            _rank[(n * nch,)](cand, cand.stride(0), vocab, nch, pf, bia, outi, CHUNK=chunk, num_warps=num_warps)
     rank = outi[:, 2]
     flags = torch.stack([rank < 1, rank < 5, rank < 10, outi[:, 0] != 0], dim=1)
     return figs, flags, outi[:, 1] != 0

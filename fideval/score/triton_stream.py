@@ -1,4 +1,5 @@
-"""The streaming partial-sums kernel (the scorer's default): each program walks its (row, segment) in small tiles.
+"""The scorer's default kernels: a streaming partial-sums kernel (each program walks its (row, segment) in small
+tiles) and one program a row for the outputs.
 
 Why. The compact kernel (:mod:`fideval.score.triton_kernel`) holds a whole 8,192-token chunk of both rows in
 registers between its max reduction and its exps: at 124 registers ptxas rematerialises (recomputes the exp's
@@ -7,33 +8,43 @@ that guard -inf cost ten more instructions per element pair -- 74 issued per pai
 Compute on an H200 showed what the streaming shape is then up against: no pipe is saturated (FP64 56 %, issue
 60 %); the warps wait on memory and on the float64 dependency chains (long-scoreboard and wait stalls).
 
-* **A tile at a time, the next one in flight.** One warp per program (a [W] tile reduces with shuffles
-  alone); ``R`` rows of ``W = 32 * vec`` tokens a tile; tile i + 1's loads are issued before tile i is reduced
-  (``NS`` 0: a register prefetch; ``NS`` >= 2: Triton's asynchronous-copy pipeline, which feeds a no-exp probe
-  at 78 % of copy bandwidth but costs registers with the exps in: slower). 72 registers, no spills.
+:func:`_partials_stream`, one warp per (row, segment of 8,192 tokens):
+
+* **A tile at a time, the next one in flight.** ``R`` rows of ``W = 32 * vec`` tokens a tile; tile i + 1's
+  loads are issued before tile i is reduced (``NS`` 0: a register prefetch, two tiles a loop trip (``UNR``) so
+  that no registers are copied between trips; ``NS`` >= 2: Triton's asynchronous-copy pipeline, which feeds a
+  no-exp probe at 78 % of copy bandwidth but costs registers with the exps in: slower). 80 registers.
 * **Shifts are running maxima.** Before a tile's exps the program raises its shifts to the tile's maxima and,
   only when one grows (a uniform branch, a few times a segment), moves the sums to the new shift
   (:func:`_shift_to`). Every term is taken at or below its shift, so the rescaling adds numbers of one sign;
   a fixed shift instead (the segment's first token) measured 1.3e-12 against the numpy float64 reference,
-  the peak token's ``x ln x`` term cancelling in the rescale; running maxima give 2.1e-13.
+  the peak token's ``x ln x`` term cancelling in the rescale; running maxima give 2.1e-13. The tile maxima
+  are integer warp reductions (``RED``: each lane's pair maximum, then :func:`_key32` and one ``redux.sync``
+  in place of five shuffle-and-max steps); the same rare branch moves the reference argmax.
 * **Unguarded exps, checked once.** No -inf clamp, floor or select per element: the program tracks each
-  column's minimum and, where its segment holds -inf, NaN/+inf or spans over 640 nats, sets flag bit 3;
-  :func:`_fix` (a second small launch, one program per row that returns at once for real logits) redoes
-  those segments with :func:`guarded_segment`, the compact kernel's element logic. Its registers stay out of
-  this kernel.
+  column's (NaN-propagating) minimum and, where its segment holds -inf, NaN/+inf or spans over 640 nats,
+  redoes it at the end with :func:`guarded_segment`, the compact kernel's element logic (never, for real
+  logits).
 * **Exp.** :func:`_exp_tab`: ``2**(j/256)`` from the correctly rounded table and a degree-4 polynomial; with
   ``ASM`` the table address (``and`` + ``mad.wide``) and the exponent add (a shift and a multiply-add on the
-  high word) are PTX, where Triton's 64-bit integer code takes four instructions.
+  high word) are PTX, where Triton's 64-bit integer code takes four instructions; with ``CARG`` its constants
+  are float64 kernel arguments (constant-bank operands, where literals were moved into registers on every
+  loop trip: 96 registers without).
+* **What it writes.** The compact kernel's partials (``ma, mb, Sa, Sb, X, Y, E, flags`` per segment, relative
+  to the segment maxima; the argmax within the segment in the flags word) and the candidate's maximum over
+  every tile.
 
-The partials written are those of the compact kernel (``ma, mb, Sa, Sb, X, Y, E, flags`` per segment,
-relative to the segment maxima), so :func:`~fideval.score.triton_kernel._combine` follows it unchanged; the
-rank pass is :func:`~fideval.score.triton_kernel._rank_rows` (a program per row, scanning only the chunks whose
-candidate maximum reaches ``b[i]``), and :func:`_finish` turns their integers into the boolean outputs.
+:func:`_post`, one program per row: the rescale of the partials into the seven figures, the realized token,
+and the rank of the reference argmax ``i`` among the candidate's tokens. Only ``rank < 1, 5, 10`` is an
+output, so ten tiles whose candidate maximum exceeds ``b[i]`` settle it unread, and otherwise only the tiles
+that reach ``b[i]`` are read (one or two for a candidate close to its reference): 19 us a call where the
+combine and the chunk-scanning rank took ~90, and an unrelated candidate no longer costs a re-read.
 
-Measured (bench/RESULTS.md, 2026-12-03, H200s, 2,047 rows at vocab 129,280): the whole scorer at 52.8-56.9 % of
-copy bandwidth and 12.1-13.1x torch float64 over three runs (this kernel 724-738 us of the ~0.9 ms), against
-46.5-47.4 % for the compact kernel in the same runs; largest difference from the numpy float64 reference 2.1e-13.
-The 75 % goal is not met.
+Measured (bench/RESULTS.md, 2026-12-03, H200, 2,047 rows at vocab 129,280, medians of three rounds, two runs):
+the whole scorer at 59.8 and 61.3 % of copy bandwidth (single rounds 54.9-62.0 %), 13.8-14.2x torch float64;
+the session-5 kernel (shuffle maxima, one tile a trip, literal constants) 51.3-52.4 % in the same runs; an
+unrelated candidate 58.4-59.6 %; largest difference from the numpy float64 reference 2.1e-13. The 75 % goal
+is not met: Nsight Compute puts the FP64 pipe at 58 % and the issue slots at 63 %, with fixed-latency (float64 chain) waits the largest stall.
 """
 
 from __future__ import annotations
@@ -76,13 +87,15 @@ def _inv_fact(like, K: tl.constexpr):
 
 
 @triton.jit
-def _exp_tab(x, TAB, LOG2N: tl.constexpr, ASM: tl.constexpr):
+def _exp_tab(x, TAB, LOG2N: tl.constexpr, ASM: tl.constexpr, KC=None):
     """exp(x), |x| <= 700: x = k ln2/N + r with N = 2**LOG2N (k from the 1.5 * 2**52 rounding trick: t's low
     word), r by one FMA (ln2/N rounded: r is off by |x| * 1.1e-16, which no sum can see, since every x here is
     taken at or below a running maximum, so large |x| means a negligible term), exp(r) - 1 = r q(r) with q the Taylor polynomial
     of degree DEG - 1 (truncation below 4e-17 on |r| <= ln2/2N), times ``TAB[k mod N]`` = 2**((k mod N)/N), with
     k div N added to the exponent bits. N / DEG: 256 / 4, 64 / 5, 32 / 6, 16 / 7 -- a smaller table is fewer L1
-    lines for the gather (32 lanes, random indices) to touch, at one more FMA per step."""
+    lines for the gather (32 lanes, random indices) to touch, at one more FMA per step. ``KC``: the N = 256
+    constants (1/step, -step, 1/24, 1/6) as float64 kernel arguments, which ptxas reads from the constant
+    bank where literals are moved into registers on every loop trip."""
     if LOG2N == 8:
         INV: tl.constexpr = 369.3299304675746
         HI: tl.constexpr = 0.0027076061740622863
@@ -100,10 +113,16 @@ def _exp_tab(x, TAB, LOG2N: tl.constexpr, ASM: tl.constexpr):
         HI: tl.constexpr = 0.04332169878499658
         DEG: tl.constexpr = 7
     magic = _f64(x, 6755399441055744.0)
-    t = tl.fma(x, _f64(x, INV), magic)
-    kd = t - magic
-    r = tl.fma(kd, _f64(x, -HI), x)
+    if KC is None:
+        t = tl.fma(x, _f64(x, INV), magic)
+    else:
+        t = tl.fma(x, tl.broadcast_to(KC[0], x.shape), magic)
     ki = t.to(tl.int64, bitcast=True).to(tl.int32)
+    kd = t - magic
+    if KC is None:
+        r = tl.fma(kd, _f64(x, -HI), x)
+    else:
+        r = tl.fma(kd, tl.broadcast_to(KC[1], x.shape), x)
     if ASM:
         if LOG2N == 8:
             tab = tl.inline_asm_elementwise(
@@ -123,9 +142,14 @@ def _exp_tab(x, TAB, LOG2N: tl.constexpr, ASM: tl.constexpr):
                 "=d,r,l", [ki, TAB + tl.zeros_like(ki)], dtype=tl.float64, is_pure=True, pack=1)
     else:
         tab = tl.load(TAB + (ki & ((1 << LOG2N) - 1)))
-    q = _inv_fact(x, DEG)
-    for j in tl.static_range(DEG - 1, 0, -1):
-        q = tl.fma(q, r, _inv_fact(x, j))
+    if KC is None:
+        q = _inv_fact(x, DEG)
+        for j in tl.static_range(DEG - 1, 0, -1):
+            q = tl.fma(q, r, _inv_fact(x, j))
+    else:  # N = 256, degree 4
+        q = tl.fma(tl.broadcast_to(KC[2], x.shape), r, tl.broadcast_to(KC[3], x.shape))
+        q = tl.fma(q, r, _f64(x, 0.5))
+        q = tl.fma(q, r, _f64(x, 1.0))
     e = tl.fma(tab, q * r, tab)
     if ASM:
         # hi word += (k >> LOG2N) << 20: k div N into the exponent field (one shift, one multiply-add)
@@ -161,23 +185,23 @@ def _max2(a1, b1, a2, b2):
 
 
 @triton.jit
+def _nanmax(x, y):
+    return tl.maximum(x, y, propagate_nan=tl.PropagateNan.ALL)
+
+
+@triton.jit
 def _nanmax2(a1, b1, a2, b2):
-    return tl.maximum(a1, a2, propagate_nan=tl.PropagateNan.ALL), tl.maximum(b1, b2, propagate_nan=tl.PropagateNan.ALL)
+    return _nanmax(a1, a2), _nanmax(b1, b2)
 
 
 @triton.jit
-def _min2(a1, b1, a2, b2):
-    return tl.minimum(a1, a2), tl.minimum(b1, b2)
-
-
-@triton.jit
-def _fast_tile(a, b, sa, sb, m, acc, TAB, LOG2N: tl.constexpr, ASM: tl.constexpr, MASKED: tl.constexpr):
+def _fast_tile(a, b, sa, sb, m, acc, TAB, KC, LOG2N: tl.constexpr, ASM: tl.constexpr, MASKED: tl.constexpr):
     """Add one [W] tile's terms, shifted by ``sa``/``sb`` (float64 scalars), to the five [W] accumulators."""
     acc_sa, acc_sb, acc_x, acc_y, acc_e = acc
     xa = a.to(tl.float64) - sa
     xb = b.to(tl.float64) - sb
-    ea = _exp_tab(xa, TAB, LOG2N, ASM)
-    eb = _exp_tab(xb, TAB, LOG2N, ASM)
+    ea = _exp_tab(xa, TAB, LOG2N, ASM, KC)
+    eb = _exp_tab(xb, TAB, LOG2N, ASM, KC)
     if MASKED:
         ea = tl.where(m, ea, 0.0)
         eb = tl.where(m, eb, 0.0)
@@ -211,7 +235,7 @@ def _pack8(j, ma, mb, s_a, s_b, x_, y_, ea_, flags):
 
 
 @triton.jit
-def _shift_to(acc, sa, sb, na, nb, TAB, LOG2N: tl.constexpr, ASM: tl.constexpr):
+def _shift_to(acc, sa, sb, na, nb, TAB, KC, LOG2N: tl.constexpr, ASM: tl.constexpr):
     """Move the five sums from the shifts ``sa``/``sb`` to the higher ``na``/``nb`` (float64 scalars). Every
     term was taken at or below its shift (x <= 0), so ``E - d S`` adds two negative numbers: no cancellation.
     The weights use the table exp (its range holds wherever the sums can stand: a segment spread over 640
@@ -219,67 +243,126 @@ def _shift_to(acc, sa, sb, na, nb, TAB, LOG2N: tl.constexpr, ASM: tl.constexpr):
     acc_sa, acc_sb, acc_x, acc_y, acc_e = acc
     da = na - sa
     db = nb - sb
-    wa = _exp_tab(-da, TAB, LOG2N, ASM)
-    wb = _exp_tab(-db, TAB, LOG2N, ASM)
+    wa = _exp_tab(-da, TAB, LOG2N, ASM, KC)
+    wb = _exp_tab(-db, TAB, LOG2N, ASM, KC)
     return (wa * acc_sa, wb * acc_sb, wa * (acc_x - (da - db) * acc_sa), wb * (acc_y - (da - db) * acc_sb),
             wa * (acc_e - da * acc_sa))
 
 
 @triton.jit
-def _raise_shifts(ma32, mb32, ta, tb, sa, sb, acc, TAB, LOG2N: tl.constexpr, ASM: tl.constexpr):
+def _key32(x):
+    """float32 -> an int32 of the same order (negatives' magnitude bits flipped; NaN of either sign lands at an
+    end), so that a warp maximum is one ``redux.sync`` (Triton's integer reduction) instead of five shuffle
+    and max steps."""
+    u = x.to(tl.int32, bitcast=True)
+    return u ^ ((u >> 31) & 0x7FFFFFFF)
+
+
+@triton.jit
+def _unkey32(k):
+    """The float32 of :func:`_key32`'s ``k`` (the map is its own inverse)."""
+    return (k ^ ((k >> 31) & 0x7FFFFFFF)).to(tl.float32, bitcast=True)
+
+
+@triton.jit
+def _tile_max(a0, b0, a1, b1, R: tl.constexpr, RED: tl.constexpr):
+    """The two rows' maxima over a tile (``a1``/``b1`` only when R == 2). With ``RED`` through the integer keys
+    of :func:`_key32` (``RED`` 2: each lane's pair maximum in float32 first, one key a lane): a NaN of negative
+    sign is then lost here, so NaN is also caught by the NaN-propagating minima."""
+    if R == 2:
+        xa = tl.maximum(a0, a1, propagate_nan=tl.PropagateNan.ALL)
+        xb = tl.maximum(b0, b1, propagate_nan=tl.PropagateNan.ALL)
+    else:
+        xa = a0
+        xb = b0
+    if RED == 2:  # each lane's pair maximum first, in float32: one key per lane
+        W: tl.constexpr = xa.shape[0]
+        xa = tl.reduce(tl.reshape(xa, [W // 2, 2]), 1, _nanmax)
+        xb = tl.reduce(tl.reshape(xb, [W // 2, 2]), 1, _nanmax)
+    if RED:
+        ta = _unkey32(tl.max(_key32(xa), 0))
+        tb = _unkey32(tl.max(_key32(xb), 0))
+    else:
+        ta, tb = tl.reduce((xa, xb), 0, _nanmax2)
+    return ta, tb
+
+
+@triton.jit
+def _raise_shifts(ma32, mb32, ta, tb, sa, sb, acc, ia, a0, a1, o0, TAB, KC, R: tl.constexpr, W: tl.constexpr,
+                  LOG2N: tl.constexpr, ASM: tl.constexpr):
     """The running maxima after a tile whose maxima are ``ta``/``tb`` (NaN-propagating), and the shifts and sums
-    moved to them when one grows (a uniform branch)."""
+    moved to them when one grows (a uniform branch). There too the reference's argmax ``ia`` moves to the
+    tile's first index of ``ta`` (``o0`` the offsets of ``a0``; ``a1`` follows at ``o0 + W``): strictly
+    greater only, so the lowest index of the maximum is kept."""
     na32 = tl.maximum(ma32, ta, propagate_nan=tl.PropagateNan.ALL)
     nb32 = tl.maximum(mb32, tb, propagate_nan=tl.PropagateNan.ALL)
     if (na32 > ma32) | (nb32 > mb32):
-        acc = _shift_to(acc, sa, sb, na32.to(tl.float64), nb32.to(tl.float64), TAB, LOG2N, ASM)
+        if na32 > ma32:
+            j = tl.min(tl.where(a0 == ta, o0, 2147483647), 0)
+            if R == 2:
+                j = tl.minimum(j, tl.min(tl.where(a1 == ta, o0 + W, 2147483647), 0))
+            ia = j
+        acc = _shift_to(acc, sa, sb, na32.to(tl.float64), nb32.to(tl.float64), TAB, KC, LOG2N, ASM)
         sa = na32.to(tl.float64)
         sb = nb32.to(tl.float64)
-    return na32, nb32, sa, sb, acc
+    return na32, nb32, sa, sb, acc, ia
 
 
 @triton.jit
-def _tile_update(a0, b0, a1, b1, ma32, mb32, sa, sb, mn_a, mn_b, acc, w, TAB, R: tl.constexpr, LOG2N: tl.constexpr,
-                 ASM: tl.constexpr):
-    """One tile (rows ``a0``/``b0`` and, when R == 2, ``a1``/``b1``): raise the shifts to the tile's maxima
-    first (a uniform branch: the sums move only when a maximum grows), then add the tile's terms."""
+def _nanmin(x, y):
+    return tl.minimum(x, y, propagate_nan=tl.PropagateNan.ALL)
+
+
+@triton.jit
+def _nanmin2(a1, b1, a2, b2):
+    return _nanmin(a1, a2), _nanmin(b1, b2)
+
+
+@triton.jit
+def _tile_update(a0, b0, a1, b1, o0, st, ptm, TAB, KC, R: tl.constexpr, W: tl.constexpr, LOG2N: tl.constexpr,
+                 ASM: tl.constexpr, RED: tl.constexpr):
+    """One tile (rows ``a0``/``b0`` at offsets ``o0`` and, when R == 2, ``a1``/``b1`` right after them): raise
+    the shifts to the tile's maxima first (a uniform branch: the sums move only when a maximum grows), then
+    add the tile's terms. ``st`` is the segment's state: maxima, shifts, minima, sums, argmax. The candidate's
+    tile maximum goes to ``ptm`` (the rank pass reads only tiles that reach ``b[i]``)."""
+    ma32, mb32, sa, sb, mn_a, mn_b, acc, ia = st
+    ta, tb = _tile_max(a0, b0, a1, b1, R, RED)
+    tl.store(ptm, tb)
     if R == 2:
-        ta, tb = tl.reduce((tl.maximum(a0, a1, propagate_nan=tl.PropagateNan.ALL),
-                            tl.maximum(b0, b1, propagate_nan=tl.PropagateNan.ALL)), 0, _nanmax2)
-        mn_a = tl.minimum(mn_a, tl.minimum(a0, a1))
-        mn_b = tl.minimum(mn_b, tl.minimum(b0, b1))
+        mn_a = _nanmin(mn_a, _nanmin(a0, a1))
+        mn_b = _nanmin(mn_b, _nanmin(b0, b1))
     else:
-        ta, tb = tl.reduce((a0, b0), 0, _nanmax2)
-        mn_a = tl.minimum(mn_a, a0)
-        mn_b = tl.minimum(mn_b, b0)
-    ma32, mb32, sa, sb, acc = _raise_shifts(ma32, mb32, ta, tb, sa, sb, acc, TAB, LOG2N, ASM)
-    acc = _fast_tile(a0, b0, sa, sb, w, acc, TAB, LOG2N, ASM, False)
+        mn_a = _nanmin(mn_a, a0)
+        mn_b = _nanmin(mn_b, b0)
+    ma32, mb32, sa, sb, acc, ia = _raise_shifts(ma32, mb32, ta, tb, sa, sb, acc, ia, a0, a1, o0, TAB, KC, R, W,
+                                                LOG2N, ASM)
+    acc = _fast_tile(a0, b0, sa, sb, o0, acc, TAB, KC, LOG2N, ASM, False)
     if R == 2:
-        acc = _fast_tile(a1, b1, sa, sb, w, acc, TAB, LOG2N, ASM, False)
-    return ma32, mb32, sa, sb, mn_a, mn_b, acc
+        acc = _fast_tile(a1, b1, sa, sb, o0, acc, TAB, KC, LOG2N, ASM, False)
+    return ma32, mb32, sa, sb, mn_a, mn_b, acc, ia
 
 
 @triton.jit
-def _segment(pa, pb, n, TAB, R: tl.constexpr, W: tl.constexpr, LOG2N: tl.constexpr, ASM: tl.constexpr,
-             NS: tl.constexpr):
+def _segment(pa, pb, ptm, n, TAB, KC, R: tl.constexpr, W: tl.constexpr, LOG2N: tl.constexpr, ASM: tl.constexpr,
+             NS: tl.constexpr, RED: tl.constexpr, UNR: tl.constexpr):
     """The compact partials of the ``n`` tokens at ``pa``/``pb`` (``n`` a constexpr or a launch argument, never
-    a program-dependent value: loop bounds stay scalar for the compiler and for Triton's interpreter). Where
-    the unguarded sums cannot stand (-inf, NaN/+inf, a spread over 640 nats) flag bit 3 asks :func:`_fix` to
-    redo them with :func:`guarded_segment`; the maxima are exact either way."""
+    a program-dependent value: loop bounds stay scalar for the compiler and for Triton's interpreter), and the
+    first index of the reference maximum. Where the unguarded sums cannot stand (-inf, NaN/+inf, a spread
+    over 640 nats) flag bit 3 asks for them to be redone with :func:`guarded_segment`; the maxima are exact
+    either way."""
     w = tl.arange(0, W)
+    RW: tl.constexpr = R * W
     # the shifts: running maxima, raised (and the sums moved) before a tile that exceeds them
     ma32 = tl.load(pa)
     mb32 = tl.load(pb)
-    sa = ma32.to(tl.float64)
-    sb = mb32.to(tl.float64)
     z = tl.zeros([W], tl.float64)
-    acc = (z, z, z, z, z)
-    mn_a = tl.full([W], float("inf"), tl.float32)
-    mn_b = mn_a
-    nfull = n // (R * W)
+    mn = tl.full([W], float("inf"), tl.float32)
+    st = (ma32, mb32, ma32.to(tl.float64), mb32.to(tl.float64), mn, mn, (z, z, z, z, z),
+          tl.full((), 0, tl.int32))
+    nfull = n // RW
     if NS == 0:
-        # register prefetch: tile i + 1's loads are issued before tile i is reduced, so every warp keeps a tile
-        # of HBM reads in flight while it does float64 work
+        # register prefetch: the next tile's loads are issued before this one is reduced, so every warp keeps a
+        # tile of HBM reads in flight while it does float64 work
         a0n = tl.load(pa + w, mask=nfull > 0)
         b0n = tl.load(pb + w, mask=nfull > 0)
         if R == 2:
@@ -288,21 +371,50 @@ def _segment(pa, pb, n, TAB, R: tl.constexpr, W: tl.constexpr, LOG2N: tl.constex
         else:
             a1n = a0n
             b1n = b0n
-        for i in range(0, nfull):
-            a0, b0, a1, b1 = a0n, b0n, a1n, b1n
-            o = (i + 1) * (R * W) + w
-            more = i + 1 < nfull
-            a0n = tl.load(pa + o, mask=more)
-            b0n = tl.load(pb + o, mask=more)
-            if R == 2:
-                a1n = tl.load(pa + o + W, mask=more)
-                b1n = tl.load(pb + o + W, mask=more)
-            ma32, mb32, sa, sb, mn_a, mn_b, acc = _tile_update(a0, b0, a1, b1, ma32, mb32, sa, sb, mn_a, mn_b, acc,
-                                                               w, TAB, R, LOG2N, ASM)
+        if UNR:
+            # two tiles a trip, each loaded into the registers the other is not using: no copies between trips
+            for i in range(0, nfull // 2):
+                o = (2 * i + 1) * RW + w
+                a0m = tl.load(pa + o)
+                b0m = tl.load(pb + o)
+                if R == 2:
+                    a1m = tl.load(pa + o + W)
+                    b1m = tl.load(pb + o + W)
+                else:
+                    a1m = a0m
+                    b1m = b0m
+                st = _tile_update(a0n, b0n, a1n, b1n, o - RW, st, ptm + 2 * i, TAB, KC, R, W, LOG2N, ASM, RED)
+                more = 2 * i + 2 < nfull
+                a0n = tl.load(pa + o + RW, mask=more)
+                b0n = tl.load(pb + o + RW, mask=more)
+                if R == 2:
+                    a1n = tl.load(pa + o + RW + W, mask=more)
+                    b1n = tl.load(pb + o + RW + W, mask=more)
+                else:
+                    a1n = a0n
+                    b1n = b0n
+                st = _tile_update(a0m, b0m, a1m, b1m, o, st, ptm + 2 * i + 1, TAB, KC, R, W, LOG2N, ASM, RED)
+            if nfull % 2 == 1:
+                st = _tile_update(a0n, b0n, a1n, b1n, (nfull - 1) * RW + w, st, ptm + nfull - 1,
+                                  TAB, KC, R, W, LOG2N, ASM, RED)
+        else:
+            for i in range(0, nfull):
+                a0, b0, a1, b1 = a0n, b0n, a1n, b1n
+                o = (i + 1) * RW + w
+                more = i + 1 < nfull
+                a0n = tl.load(pa + o, mask=more)
+                b0n = tl.load(pb + o, mask=more)
+                if R == 2:
+                    a1n = tl.load(pa + o + W, mask=more)
+                    b1n = tl.load(pb + o + W, mask=more)
+                else:
+                    a1n = a0n
+                    b1n = b0n
+                st = _tile_update(a0, b0, a1, b1, o - RW, st, ptm + i, TAB, KC, R, W, LOG2N, ASM, RED)
     else:
         # Triton's pipeliner: NS - 1 tiles in flight as asynchronous copies into shared memory
         for i in tl.range(0, nfull, num_stages=NS):
-            o = i * (R * W) + w
+            o = i * RW + w
             a0 = tl.load(pa + o)
             b0 = tl.load(pb + o)
             if R == 2:
@@ -311,27 +423,29 @@ def _segment(pa, pb, n, TAB, R: tl.constexpr, W: tl.constexpr, LOG2N: tl.constex
             else:
                 a1 = a0
                 b1 = b0
-            ma32, mb32, sa, sb, mn_a, mn_b, acc = _tile_update(a0, b0, a1, b1, ma32, mb32, sa, sb, mn_a, mn_b, acc,
-                                                               w, TAB, R, LOG2N, ASM)
-    for o0 in range(nfull * (R * W), n, W):  # the ragged end: masked lanes leave the extrema alone and add 0
+            st = _tile_update(a0, b0, a1, b1, o, st, ptm + i, TAB, KC, R, W, LOG2N, ASM, RED)
+    ma32, mb32, sa, sb, mn_a, mn_b, acc, ia = st
+    for o0 in range(nfull * RW, n, W):  # the ragged end: masked lanes leave the extrema alone and add 0
         o = o0 + w
         m = o < n
         a = tl.load(pa + o, mask=m, other=float("-inf"))
         b = tl.load(pb + o, mask=m, other=float("-inf"))
         ta, tb = tl.reduce((a, b), 0, _nanmax2)
-        mn_a = tl.minimum(mn_a, tl.where(m, a, float("inf")))
-        mn_b = tl.minimum(mn_b, tl.where(m, b, float("inf")))
-        ma32, mb32, sa, sb, acc = _raise_shifts(ma32, mb32, ta, tb, sa, sb, acc, TAB, LOG2N, ASM)
-        acc = _fast_tile(tl.where(m, a, 0.0), tl.where(m, b, 0.0), sa, sb, m, acc, TAB, LOG2N, ASM, True)
-    bad = (ma32 != ma32) | (ma32 == float("inf")) | (mb32 != mb32) | (mb32 == float("inf"))
+        mn_a = _nanmin(mn_a, tl.where(m, a, float("inf")))
+        mn_b = _nanmin(mn_b, tl.where(m, b, float("inf")))
+        ma32, mb32, sa, sb, acc, ia = _raise_shifts(ma32, mb32, ta, tb, sa, sb, acc, ia, a, a, o, TAB, KC, 1, W,
+                                                    LOG2N, ASM)
+        acc = _fast_tile(tl.where(m, a, 0.0), tl.where(m, b, 0.0), sa, sb, m, acc, TAB, KC, LOG2N, ASM, True)
+    na32, nb32 = tl.reduce((mn_a, mn_b), 0, _nanmin2)
+    bad = ((ma32 != ma32) | (ma32 == float("inf")) | (mb32 != mb32) | (mb32 == float("inf")) | (na32 != na32)
+           | (nb32 != nb32))
     ma = ma32.to(tl.float64)
     mb = mb32.to(tl.float64)
-    na32, nb32 = tl.reduce((mn_a, mn_b), 0, _min2)
     # every token within 640 nats of its segment's maximum (so of the shift it was taken at): the sums stand
     fast = (ma - na32.to(tl.float64) <= RANGE) & (mb - nb32.to(tl.float64) <= RANGE)
     flags = bad.to(tl.int32) | ((~fast & ~bad).to(tl.int32) << 3)
     s_a, s_b, x_, y_, e_ = tl.reduce(acc, 0, _add5)
-    return ma, mb, s_a, s_b, x_, y_, e_, flags
+    return ma, mb, s_a, s_b, x_, y_, e_, flags, ia
 
 
 @triton.jit
@@ -362,43 +476,41 @@ def guarded_segment(pa, pb, n, ma, mb, TAB, W: tl.constexpr, LOG2N: tl.constexpr
 
 
 @triton.jit
-def _partials_stream(A, B, stride_a, stride_b, V, NCH, PF, TAB, SEG: tl.constexpr, R: tl.constexpr,
-                     W: tl.constexpr, LOG2N: tl.constexpr, ASM: tl.constexpr, NS: tl.constexpr):
-    """One (row, segment of SEG tokens) per program, in tiles of R x [W] tokens; writes the compact partials.
-    A row's last segment (short, maybe ragged) has its own copy of the code, so that every other segment runs
-    a loop of constexpr length with no tail."""
+def _partials_stream(A, B, stride_a, stride_b, V, NCH, PF, TM, TAB, KINV: tl.float64, KNHI: tl.float64,
+                     KC4: tl.float64, KC3: tl.float64, SEG: tl.constexpr, R: tl.constexpr, W: tl.constexpr,
+                     LOG2N: tl.constexpr, ASM: tl.constexpr, NS: tl.constexpr, RED: tl.constexpr, UNR: tl.constexpr,
+                     CARG: tl.constexpr):
+    """One (row, segment of SEG tokens) per program, in tiles of R x [W] tokens: the compact partials (the
+    segment's argmax in the flags word: ``flags | index << 4``, the index within the segment), redone with
+    :func:`guarded_segment` where flag bit 3 says the unguarded sums cannot stand (-inf, NaN/+inf, a spread
+    over 640 nats; real logits: never), and the candidate's tile maxima, which :func:`_post` then turns into
+    the row outputs. (Doing that in each row's last program to finish, behind a release/acquire counter,
+    measured slower: 59.6 % of copy against 62.1 %.) A row's last segment (short, maybe ragged) has its own
+    copy of the code, so that every other segment runs a loop of constexpr length with no tail. ``CARG``: the
+    exp's constants come from ``KINV``.. ``KC3``."""
     pid = tl.program_id(0)
     row = (pid // NCH).to(tl.int64)
     seg = pid % NCH
     pa = A + row * stride_a + seg * SEG
     pb = B + row * stride_b + seg * SEG
-    if seg == NCH - 1:
-        ma, mb, s_a, s_b, x_, y_, e_, flags = _segment(pa, pb, V - (NCH - 1) * SEG, TAB, R, W, LOG2N, ASM, NS)
+    ptm = TM + row * (V // (R * W)) + seg * (SEG // (R * W))
+    if CARG:
+        KC = (tl.cast(KINV, tl.float64), tl.cast(KNHI, tl.float64), tl.cast(KC4, tl.float64),
+              tl.cast(KC3, tl.float64))
     else:
-        ma, mb, s_a, s_b, x_, y_, e_, flags = _segment(pa, pb, SEG, TAB, R, W, LOG2N, ASM, NS)
+        KC = None
+    if seg == NCH - 1:
+        ma, mb, s_a, s_b, x_, y_, e_, flags, ia = _segment(pa, pb, ptm, V - (NCH - 1) * SEG, TAB, KC, R, W,
+                                                           LOG2N, ASM, NS, RED, UNR)
+    else:
+        ma, mb, s_a, s_b, x_, y_, e_, flags, ia = _segment(pa, pb, ptm, SEG, TAB, KC, R, W, LOG2N, ASM, NS, RED,
+                                                           UNR)
+    if (flags & 8) != 0:
+        s_a, s_b, x_, y_, e_, fl = guarded_segment(pa, pb, tl.minimum(V - seg * SEG, SEG), ma, mb, TAB, 32,
+                                                   LOG2N)
+        flags = (flags & 1) | fl
     j = tl.arange(0, 8)
-    tl.store(PF + pid.to(tl.int64) * 8 + j, _pack8(j, ma, mb, s_a, s_b, x_, y_, e_, flags))
-
-
-@triton.jit
-def _fix(PF, A, B, stride_a, stride_b, V, NCH, TAB, SEG: tl.constexpr, NCH_P2: tl.constexpr, W: tl.constexpr,
-         LOG2N: tl.constexpr):
-    """One program per row: redo, with :func:`guarded_segment`, the sums of every segment whose flag bit 3 is
-    set (a row of real logits has none, and its program returns after one vector load)."""
-    row = tl.program_id(0).to(tl.int64)
-    c = tl.arange(0, NCH_P2)
-    flv = tl.load(PF + (row * NCH + c) * 8 + 7, mask=c < NCH, other=0.0).to(tl.int32)
-    if (tl.reduce(flv, 0, _or) & 8) != 0:
-        for c2 in range(0, NCH):
-            pfc = PF + (row * NCH + c2) * 8
-            f2 = tl.load(pfc + 7).to(tl.int32)
-            if (f2 & 8) != 0:
-                ma = tl.load(pfc)
-                mb = tl.load(pfc + 1)
-                s_a, s_b, x_, y_, e_, fl = guarded_segment(A + row * stride_a + c2 * SEG, B + row * stride_b + c2 * SEG,
-                                                          tl.minimum(V - c2 * SEG, SEG), ma, mb, TAB, W, LOG2N)
-                j = tl.arange(0, 8)
-                tl.store(pfc + j, _pack8(j, ma, mb, s_a, s_b, x_, y_, e_, (f2 & 1) | fl))
+    tl.store(PF + pid.to(tl.int64) * 8 + j, _pack8(j, ma, mb, s_a, s_b, x_, y_, e_, flags | (ia << 4)))
 
 
 @triton.jit
@@ -407,19 +519,103 @@ def _or(x, y):
 
 
 @triton.jit
-def _finish(OUTI, FLAGS, BAD, N, BLOCK: tl.constexpr):
-    """The boolean outputs from the combine's and the rank pass's integers, in one launch: top-1/5/10 from the
-    rank, ref_correct, and the non-finite row mask."""
-    r = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
-    m = r < N
-    rank = tl.load(OUTI + r * 3 + 2, mask=m, other=0)
-    hit = tl.load(OUTI + r * 3, mask=m, other=0)
-    bad = tl.load(OUTI + r * 3 + 1, mask=m, other=0)
-    tl.store(FLAGS + r * 4, (rank < 1).to(tl.int8), mask=m)
-    tl.store(FLAGS + r * 4 + 1, (rank < 5).to(tl.int8), mask=m)
-    tl.store(FLAGS + r * 4 + 2, (rank < 10).to(tl.int8), mask=m)
-    tl.store(FLAGS + r * 4 + 3, (hit != 0).to(tl.int8), mask=m)
-    tl.store(BAD + r, (bad != 0).to(tl.int8), mask=m)
+def _key(x, idx):
+    """The rank key of logit ``x`` at index ``idx``: int32 of the logit's order (-0.0 and +0.0 the same) above,
+    ``2**31 - 1 - idx`` below, so that keys order by (logit descending, index ascending), the tie rule."""
+    x = tl.where(x == 0.0, 0.0, x)  # -0.0 and +0.0 are the same logit
+    bits = x.to(tl.int32, bitcast=True)
+    k32 = tl.where(bits >= 0, bits, bits ^ 0x7FFFFFFF)
+    return (k32.to(tl.int64) << 32) | (2147483647 - idx).to(tl.int64)
+
+
+@triton.jit
+def _ahead(pb, lo, cnt, bia, ia, G: tl.constexpr):
+    """How many of the ``cnt`` <= G candidate tokens from ``lo`` rank ahead of token ``ia`` (logit ``bia``):
+    higher, or equal at a lower index -- the tie rule (-0.0 and +0.0 compare equal)."""
+    o = tl.arange(0, G)
+    b = tl.load(pb + lo + o, mask=o < cnt, other=float("-inf"))
+    return tl.sum(((o < cnt) & ((b > bia) | ((b == bia) & (lo + o < ia)))).to(tl.int32), axis=0)
+
+
+@triton.jit
+def _post(PF, TM, A, B, stride_a, stride_b, T, V, NCH, FIGS, FLAGS, BAD, SEG: tl.constexpr, NCH_P2: tl.constexpr,
+          G: tl.constexpr, TB: tl.constexpr):
+    """A row's outputs (a program per row) from its segment partials: rescale them to the row maxima into the
+    seven figures, read both rows at the realized token and the candidate at the reference argmax ``i``, and
+    rank ``i`` among the candidate's tokens. Only the rank's comparison with 1, 5 and 10 is an output, so it
+    stops at 10: ten tiles whose candidate maximum exceeds ``b[i]`` settle it unread; otherwise only the tiles
+    that exceed or tie ``b[i]`` (one or two for a candidate close to its reference), and the row's last < G
+    tokens, are read."""
+    row = tl.program_id(0).to(tl.int64)
+    c = tl.arange(0, NCH_P2)
+    cm = c < NCH
+    base = (row * NCH + c) * 8
+    ma = tl.load(PF + base + 0, mask=cm, other=float("-inf"))
+    mb = tl.load(PF + base + 1, mask=cm, other=float("-inf"))
+    s_a = tl.load(PF + base + 2, mask=cm, other=0.0)
+    s_b = tl.load(PF + base + 3, mask=cm, other=0.0)
+    x_ = tl.load(PF + base + 4, mask=cm, other=0.0)
+    y_ = tl.load(PF + base + 5, mask=cm, other=0.0)
+    ea_ = tl.load(PF + base + 6, mask=cm, other=0.0)
+    f7 = tl.load(PF + base + 7, mask=cm, other=0.0).to(tl.int32)
+    t = tl.load(T + row)
+    at = tl.load(A + row * stride_a + t).to(tl.float64)
+    bt = tl.load(B + row * stride_b + t).to(tl.float64)
+    fl = tl.reduce(f7 & 15, 0, _or)
+    m_a = tl.max(ma, axis=0)
+    m_b = tl.max(mb, axis=0)
+    # the reference argmax: the first segment holding the row maximum, then that segment's first index of it
+    cbest = tl.minimum(tl.min(tl.where(cm & (ma == m_a), c, NCH_P2), axis=0), NCH - 1)
+    ia = (tl.sum(tl.where(c == cbest, f7 >> 4, 0), axis=0) + cbest * SEG).to(tl.int64)
+    ia = tl.minimum(ia, V - 1)  # a NaN row matches nowhere: keep the reads in bounds (the row is flagged)
+    pb = B + row * stride_b
+    bia = tl.load(pb + ia)
+    ha = s_a > 0
+    hb = s_b > 0
+    da = tl.where(ha, m_a - ma, 0.0)
+    db = tl.where(hb, m_b - mb, 0.0)
+    wa = tl.where(ha, tl.exp(-da), 0.0)
+    wb = tl.where(hb, tl.exp(-db), 0.0)
+    sa = tl.sum(wa * s_a, axis=0)
+    sb = tl.sum(wb * s_b, axis=0)
+    ep_e = tl.sum(tl.where(ha & hb, wa * (x_ - (da - db) * s_a), 0.0), axis=0) / sa
+    eq_e = tl.sum(tl.where(ha & hb, wb * (y_ - (da - db) * s_b), 0.0), axis=0) / sb
+    ep_x = tl.sum(tl.where(ha, wa * (ea_ - da * s_a), 0.0), axis=0) / sa
+    log_ratio = tl.log(sa / sb)
+    log_sa = tl.log(sa)
+    of = FIGS + row * 7
+    tl.store(of + 0, tl.where((fl & 2) != 0, float("inf"), ep_e - log_ratio))
+    tl.store(of + 1, tl.where((fl & 4) != 0, float("inf"), -eq_e + log_ratio))
+    tl.store(of + 2, (m_a - at) + log_sa)
+    tl.store(of + 3, (m_b - bt) + tl.log(sb))
+    tl.store(of + 4, tl.exp(bt - m_b) / sb - tl.exp(at - m_a) / sa)
+    tl.store(of + 5, log_sa - ep_x)
+    tl.store(of + 6, 1.0 / sa)
+    # the rank of i, up to 10
+    J = V // G
+    ptm = TM + row * J
+    n = tl.full((), 0, tl.int32)
+    jt = tl.arange(0, TB)
+    for j0 in range(0, J, TB):
+        if n < 10:
+            jj = j0 + jt
+            tm = tl.load(ptm + jj, mask=jj < J, other=float("-inf"))
+            above = (jj < J) & (tm > bia)
+            if n + tl.sum(above.to(tl.int32), axis=0) >= 10:
+                n = tl.full((), 10, tl.int32)
+            else:
+                todo = above | ((jj < J) & (tm == bia) & (jj * G < ia))
+                while tl.max(todo.to(tl.int32), axis=0) > 0:
+                    jn = tl.min(tl.where(todo, jj, 2147483647), axis=0)
+                    n += _ahead(pb, jn.to(tl.int64) * G, G, bia, ia, G)
+                    todo = todo & (jj != jn)
+    n += _ahead(pb, tl.cast(J * G, tl.int64), V - J * G, bia, ia, G)
+    bad = ((fl & 1) != 0) | (m_a == float("-inf")) | (m_b == float("-inf"))
+    tl.store(FLAGS + row * 4, (n < 1).to(tl.int8))
+    tl.store(FLAGS + row * 4 + 1, (n < 5).to(tl.int8))
+    tl.store(FLAGS + row * 4 + 2, (n < 10).to(tl.int8))
+    tl.store(FLAGS + row * 4 + 3, (ia == t).to(tl.int8))
+    tl.store(BAD + row, bad.to(tl.int8))
 
 
 @triton.jit
