@@ -362,7 +362,7 @@ def test_streaming_speedups_change_no_bit():
     b[0, :50] = -0.0
     a[1, 100:120] = 1e-41
     b[1, 100:120] = -3e-45
-    a[2] = -np.abs(a[2])  # every logit negative: the sign path of the bit moves
+    a[2] = -np.abs(a[2])  # every logit negative: the sign flip of the integer keys
     b[3] = np.abs(b[3])
     ta, tb, tt = (torch.from_numpy(x).cuda() for x in (a, b, t.astype(np.int64)))
     base = triton_kernel.score_rows(ta, tb, tt, red=0, unroll=0, carg=0)
@@ -370,3 +370,36 @@ def test_streaming_speedups_change_no_bit():
         out = triton_kernel.score_rows(ta, tb, tt, **kw)
         for x, y in zip(out, base):
             assert torch.equal(x, y), kw
+
+
+@pytest.mark.gpu
+@GPU
+@pytest.mark.parametrize("backend", ["triton", "triton-stream", "triton-stream2k"])
+def test_rank_near_ten_from_tile_maxima(backend):
+    """The rank stops at 10 and reads only tiles whose candidate maximum reaches b[i]: 9 and 10 tokens ahead,
+    spread over tiles and segments, on both sides of i; ties at a lower index (one of them -0.0 against +0.0)
+    in a tile whose maximum equals b[i]; a tie after i, which does not count; ahead tokens in the ragged tail."""
+    vocab = 20_011
+    spots = [5, 900, 2300, 4100, 8191, 8192, 12_000, 16_500, 19_990, 20_010]  # last two: past the whole tiles
+    rows = []
+    for ahead, ties_before, tie_after in ((9, 0, 0), (10, 0, 0), (3, 2, 1), (8, 1, 1), (0, 0, 1), (4, 0, 0)):
+        a = np.full(vocab, -3.0, np.float32)
+        b = np.full(vocab, -3.0, np.float32)
+        i = 10_000
+        a[i] = 5.0
+        b[i] = 0.0
+        for k in spots[:ahead]:
+            b[k] = 1.0 + k * 1e-5
+        for k in (3000, 3001)[:ties_before]:
+            b[k] = -0.0 if k == 3001 else 0.0
+        if tie_after:
+            b[15_000] = 0.0
+        rows.append((a, b))
+    a = np.stack([r[0] for r in rows])
+    b = np.stack([r[1] for r in rows])
+    t = np.full(len(rows), 10_000)
+    figs, flags, bad = run(backend, a, b, t)
+    assert not bad.any()
+    np.testing.assert_array_equal(flags, oracle(a, b, t)[1])
+    np.testing.assert_array_equal(flags[:, 2], [True, False, True, True, True, True])
+    np.testing.assert_array_equal(flags[:, 1], [False, False, False, False, True, True])
