@@ -74,7 +74,8 @@ try:  # Triton is optional: the torch fallback covers machines without it.
     import triton.language as tl
 
     from fideval.score import triton_stream
-    from fideval.score.triton_stream import _add5, _f64, _key, _max2, _or, _pack8  # the helpers both modules use
+    from fideval.score.triton_stream import (  # the helpers both modules use
+        _add5, _f64, _key, _max2, _or, _pack8, store_figures)
 except ImportError:  # pragma: no cover - depends on the machine
     triton = None
     tl = None
@@ -421,30 +422,10 @@ if triton is not None:
         fl = tl.reduce(tl.load(PF + base + 7, mask=cm, other=0.0).to(tl.int32), 0, _or)
         m_a = tl.max(ma, axis=0)
         m_b = tl.max(mb, axis=0)
-        ha = s_a > 0
-        hb = s_b > 0
-        da = tl.where(ha, m_a - ma, 0.0)
-        db = tl.where(hb, m_b - mb, 0.0)
-        wa = tl.where(ha, tl.exp(-da), 0.0)
-        wb = tl.where(hb, tl.exp(-db), 0.0)
-        sa = tl.sum(wa * s_a, axis=0)
-        sb = tl.sum(wb * s_b, axis=0)
-        ep_e = tl.sum(tl.where(ha & hb, wa * (x_ - (da - db) * s_a), 0.0), axis=0) / sa
-        eq_e = tl.sum(tl.where(ha & hb, wb * (y_ - (da - db) * s_b), 0.0), axis=0) / sb
-        ep_x = tl.sum(tl.where(ha, wa * (ea_ - da * s_a), 0.0), axis=0) / sa
-        log_ratio = tl.log(sa / sb)
         t = tl.load(T + row)
         at = tl.load(A + row * stride_a + t).to(tl.float64)
         bt = tl.load(B + row * stride_b + t).to(tl.float64)
-        log_sa = tl.log(sa)
-        of = OUTF + row * 7
-        tl.store(of + 0, tl.where((fl & 2) != 0, float("inf"), ep_e - log_ratio))
-        tl.store(of + 1, tl.where((fl & 4) != 0, float("inf"), -eq_e + log_ratio))
-        tl.store(of + 2, (m_a - at) + log_sa)
-        tl.store(of + 3, (m_b - bt) + tl.log(sb))
-        tl.store(of + 4, tl.exp(bt - m_b) / sb - tl.exp(at - m_a) / sa)
-        tl.store(of + 5, log_sa - ep_x)
-        tl.store(of + 6, 1.0 / sa)
+        store_figures(OUTF + row * 7, ma, mb, s_a, s_b, x_, y_, ea_, m_a, m_b, at, bt, fl)
         # the reference argmax: first chunk holding the row maximum, then that chunk's first index of it
         cbest = tl.minimum(tl.min(tl.where(cm & (ma == m_a), c, NCH_P2), axis=0), NCH - 1)
         if SCAN > 0:  # the partials kept no argmax: the first index of the maximum in chunk cbest

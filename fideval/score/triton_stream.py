@@ -538,6 +538,35 @@ def _ahead(pb, lo, cnt, bia, ia, G: tl.constexpr):
 
 
 @triton.jit
+def store_figures(of, ma, mb, s_a, s_b, x_, y_, ea_, m_a, m_b, at, bt, fl):
+    """A row's seven figures at ``of`` from its segment partials (vectors over the segments, relative to the
+    segment maxima ``ma``/``mb``; empty segments have ``s`` = 0), rescaled to the row maxima ``m_a``/``m_b``
+    (``exp(m_c - M)`` weights; ``xa - xb`` shifts by the segment constant ``(M_a - m_a) - (M_b - m_b)``);
+    ``at``/``bt`` are the two logits of the realized token, ``fl`` the row's OR of the segment flags (bits 1, 2:
+    KL, reverse KL infinite). Shared by :func:`_post` and the earlier kernels' combine."""
+    ha = s_a > 0
+    hb = s_b > 0
+    da = tl.where(ha, m_a - ma, 0.0)
+    db = tl.where(hb, m_b - mb, 0.0)
+    wa = tl.where(ha, tl.exp(-da), 0.0)
+    wb = tl.where(hb, tl.exp(-db), 0.0)
+    sa = tl.sum(wa * s_a, axis=0)
+    sb = tl.sum(wb * s_b, axis=0)
+    ep_e = tl.sum(tl.where(ha & hb, wa * (x_ - (da - db) * s_a), 0.0), axis=0) / sa
+    eq_e = tl.sum(tl.where(ha & hb, wb * (y_ - (da - db) * s_b), 0.0), axis=0) / sb
+    ep_x = tl.sum(tl.where(ha, wa * (ea_ - da * s_a), 0.0), axis=0) / sa
+    log_ratio = tl.log(sa / sb)
+    log_sa = tl.log(sa)
+    tl.store(of + 0, tl.where((fl & 2) != 0, float("inf"), ep_e - log_ratio))
+    tl.store(of + 1, tl.where((fl & 4) != 0, float("inf"), -eq_e + log_ratio))
+    tl.store(of + 2, (m_a - at) + log_sa)
+    tl.store(of + 3, (m_b - bt) + tl.log(sb))
+    tl.store(of + 4, tl.exp(bt - m_b) / sb - tl.exp(at - m_a) / sa)
+    tl.store(of + 5, log_sa - ep_x)
+    tl.store(of + 6, 1.0 / sa)
+
+
+@triton.jit
 def _post(PF, TM, A, B, stride_a, stride_b, T, V, NCH, FIGS, FLAGS, BAD, SEG: tl.constexpr, NCH_P2: tl.constexpr,
           G: tl.constexpr, TB: tl.constexpr):
     """A row's outputs (a program per row) from its segment partials: rescale them to the row maxima into the
@@ -570,27 +599,7 @@ def _post(PF, TM, A, B, stride_a, stride_b, T, V, NCH, FIGS, FLAGS, BAD, SEG: tl
     ia = tl.minimum(ia, V - 1)  # a NaN row matches nowhere: keep the reads in bounds (the row is flagged)
     pb = B + row * stride_b
     bia = tl.load(pb + ia)
-    ha = s_a > 0
-    hb = s_b > 0
-    da = tl.where(ha, m_a - ma, 0.0)
-    db = tl.where(hb, m_b - mb, 0.0)
-    wa = tl.where(ha, tl.exp(-da), 0.0)
-    wb = tl.where(hb, tl.exp(-db), 0.0)
-    sa = tl.sum(wa * s_a, axis=0)
-    sb = tl.sum(wb * s_b, axis=0)
-    ep_e = tl.sum(tl.where(ha & hb, wa * (x_ - (da - db) * s_a), 0.0), axis=0) / sa
-    eq_e = tl.sum(tl.where(ha & hb, wb * (y_ - (da - db) * s_b), 0.0), axis=0) / sb
-    ep_x = tl.sum(tl.where(ha, wa * (ea_ - da * s_a), 0.0), axis=0) / sa
-    log_ratio = tl.log(sa / sb)
-    log_sa = tl.log(sa)
-    of = FIGS + row * 7
-    tl.store(of + 0, tl.where((fl & 2) != 0, float("inf"), ep_e - log_ratio))
-    tl.store(of + 1, tl.where((fl & 4) != 0, float("inf"), -eq_e + log_ratio))
-    tl.store(of + 2, (m_a - at) + log_sa)
-    tl.store(of + 3, (m_b - bt) + tl.log(sb))
-    tl.store(of + 4, tl.exp(bt - m_b) / sb - tl.exp(at - m_a) / sa)
-    tl.store(of + 5, log_sa - ep_x)
-    tl.store(of + 6, 1.0 / sa)
+    store_figures(FIGS + row * 7, ma, mb, s_a, s_b, x_, y_, ea_, m_a, m_b, at, bt, fl)
     # the rank of i, up to 10
     J = V // G
     ptm = TM + row * J
