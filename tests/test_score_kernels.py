@@ -340,14 +340,16 @@ def test_lean_flags_at_chunk_and_program_edges(backend):
 
 @pytest.mark.skipif(triton_kernel.triton is None, reason="needs triton")
 def test_streaming_kernel_refuses_shapes_it_has_no_code_for():
-    """Tiles of other than 1 or 2 rows, and exps without a table the streaming kernel knows, fail before any
-    launch with a one-line error (checked ahead of the device, so no GPU is needed)."""
+    """Tiles of other than 1 or 2 rows, exps without a table the streaming kernel knows, and segments that are
+    not whole tiles fail before any launch with a one-line error (checked ahead of the device, so no GPU is needed)."""
     a = torch.zeros((2, 300))
     t = torch.zeros(2, dtype=torch.int64)
     with pytest.raises(ValueError, match="tiles of 1 or 2 rows, not 4"):
         triton_kernel.score_rows(a, a, t, tile_rows=4)
     with pytest.raises(ValueError, match="fast_exp 4, 5, 7 or 8, not 6"):
         triton_kernel.score_rows(a, a, t, fast_exp=6)
+    with pytest.raises(ValueError, match="chunk 300 is not a multiple of 128"):
+        triton_kernel.score_rows(a, a, t, chunk=300)
 
 
 @pytest.mark.gpu
