@@ -41,7 +41,11 @@ BACKENDS = ["reference", "torch", "torch-blocked",
             pytest.param("triton-stream16", marks=[pytest.mark.gpu, GPU]),
             pytest.param("triton-streamv5", marks=[pytest.mark.gpu, GPU]),
             pytest.param("triton-streamred1", marks=[pytest.mark.gpu, GPU]),
-            pytest.param("triton-stream2k", marks=[pytest.mark.gpu, GPU])]
+            pytest.param("triton-stream2k", marks=[pytest.mark.gpu, GPU]),
+            pytest.param("triton-stream256", marks=[pytest.mark.gpu, GPU]),
+            pytest.param("triton-stream1k", marks=[pytest.mark.gpu, GPU]),
+            pytest.param("triton-stream512", marks=[pytest.mark.gpu, GPU]),
+            pytest.param("triton-stream1knoasm", marks=[pytest.mark.gpu, GPU])]
 
 
 def oracle(a: np.ndarray, b: np.ndarray, t: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
@@ -94,9 +98,15 @@ def run(backend: str, a: np.ndarray, b: np.ndarray, t: np.ndarray) -> tuple[np.n
               "stream16": {"num_warps": 8, "fast_exp": 8},
               # its changes of 2026-12-03 (session 6) off: shuffle maxima, one tile a loop trip, constants as
               # literals; integer maxima without the in-lane pair maximum; segments of 2,048 on 2 warps
-              "streamv5": {"red": 0, "unroll": 0, "carg": 0},
+              "streamv5": {"red": 0, "unroll": 0, "carg": 0, "fast_exp": 4, "xadd": 0},
               "streamred1": {"red": 1, "tile_rows": 1, "vec": 4},
               "stream2k": {"chunk": 2048, "num_warps": 2},
+              # session 7: the N 1024 (the default since) and 512 tables with a degree-3 minimax polynomial (one
+              # FMA fewer) and the exponent add on the table entry, with and without PTX
+              "stream256": {"fast_exp": 4, "xadd": 0},  # the default until session 7
+              "stream1k": {"fast_exp": 9, "xadd": 1},
+              "stream512": {"fast_exp": 10, "xadd": 1},
+              "stream1knoasm": {"fast_exp": 9, "xadd": 1, "asm": 0, "chunk": 4096},
               }.get(backend.partition("-")[2], {})
         out = triton_kernel.score_rows(ta.cuda(), tb.cuda(), tt.cuda(), **kw)
     return tuple(x.cpu().numpy() for x in out)
@@ -278,34 +288,42 @@ def test_table_exps_match_numpy(variant):
 
 @pytest.mark.gpu
 @GPU
-@pytest.mark.parametrize("variant", [4, 5, 7, 8])
+@pytest.mark.parametrize("variant", [4, 5, 7, 8, 9, 10])
 @pytest.mark.parametrize("asm", [1, 0])
-def test_streaming_exp_matches_numpy(variant, asm):
-    """The streaming kernel's table exp (N 256/64/32/16, with and without its PTX): within 2 ulp near 0, and
-    off by at most |x| * 2.5e-16 relative further down -- ln2/N is one rounded constant (|x| * 3.3e-17 with a
-    fused FMA; Triton's interpreter rounds the FMA twice, ~|x| * 1.4e-16), and a term 40 nats below its
-    shift is below e**-40 of the maximum's, so no sum sees it."""
+@pytest.mark.parametrize("xadd", [0, 1])
+def test_streaming_exp_matches_numpy(variant, asm, xadd):
+    """The streaming kernel's table exp (N 256/64/32/16/1024/512, with and without its PTX, with the exponent
+    add after the polynomial or on the table entry): within 2 ulp near 0 (N 512: its minimax polynomial's
+    1.5e-15 more), and off by at most |x| * 2.5e-16 relative further down -- ln2/N is one rounded constant
+    (|x| * 3.3e-17 with a fused FMA; Triton's interpreter rounds the FMA twice, ~|x| * 1.4e-16), and a term 40
+    nats below its shift is below e**-40 of the maximum's, so no sum sees it."""
     from fideval.score import triton_stream
 
     rng = np.random.default_rng(variant)
     x = np.concatenate([rng.uniform(-40, 0, 20000), rng.uniform(-700, -40, 20000), [0.0, -1e-300, -700.0]])
     want = np.exp(x)
     xd = torch.from_numpy(x).cuda()
-    got = triton_stream.exp_tab(xd, triton_kernel.exp_table(variant, xd.device), triton_kernel._TAB_LOG2N[variant],
-                                asm).cpu().numpy()
+    got = triton_stream.exp_tab(xd, triton_kernel.exp_table(variant, xd.device, bool(xadd)),
+                                triton_kernel._TAB_LOG2N[variant], asm, xadd).cpu().numpy()
     rel = np.abs(got - want) / want
-    bound = 4.5e-16 + np.abs(x) * 2.5e-16
+    bound = (4.5e-16 + 1.6e-15 * (variant == 10)) + np.abs(x) * 2.5e-16
     assert (rel <= bound).all(), float(np.max(rel / bound))
     assert got[-3] == 1.0
 
 
 def test_exp_table_is_correctly_rounded():
     """2**(j/N) from decimal arithmetic: equal to numpy's exp2 within half an ulp, and exact at j = 0."""
-    for variant, n in ((4, 256), (5, 64), (6, 2048)):
+    for variant, n in ((4, 256), (5, 64), (6, 2048), (9, 1024), (10, 512)):
         tab = triton_kernel.exp_table(variant, "cpu").numpy()
         want = np.exp2(np.arange(n) / n)
         assert tab.shape == (n,) and tab[0] == 1.0
         assert (np.abs(tab - want) <= np.spacing(want)).all()
+        # the exponent-add table: each entry lowered by j << (52 - log2 N), a normal float64 in [0.5, 1] whose
+        # bits plus j << (52 - log2 N) are the entry again
+        low = triton_kernel.exp_table(variant, "cpu", xadd=True).numpy()
+        assert ((low >= 0.5) & (low <= 1.0)).all()
+        j = np.arange(n, dtype=np.int64)
+        assert np.array_equal(low.view(np.int64) + (j << (52 - int(np.log2(n)))), tab.view(np.int64))
 
 
 @pytest.mark.parametrize("backend", [pytest.param(b, marks=[pytest.mark.gpu, GPU])
@@ -314,7 +332,8 @@ def test_exp_table_is_correctly_rounded():
                                                "triton-compactrank", "triton-stream", "triton-streamsmall",
                                                "triton-streamnoasm", "triton-stream64", "triton-stream32",
                                                "triton-stream16", "triton-streamv5", "triton-streamred1",
-                                               "triton-stream2k")])
+                                               "triton-stream2k", "triton-stream256", "triton-stream1k",
+                                               "triton-stream512", "triton-stream1knoasm")])
 def test_lean_flags_at_chunk_and_program_edges(backend):
     """The lean kernel reads its flags off the maxima: put each special value on the last token of a chunk,
     of a row, and of a program's run of chunks, where a masked-lane or prefetch slip would show."""
@@ -346,7 +365,7 @@ def test_streaming_kernel_refuses_shapes_it_has_no_code_for():
     t = torch.zeros(2, dtype=torch.int64)
     with pytest.raises(ValueError, match="tiles of 1 or 2 rows, not 4"):
         triton_kernel.score_rows(a, a, t, tile_rows=4)
-    with pytest.raises(ValueError, match="fast_exp 4, 5, 7 or 8, not 6"):
+    with pytest.raises(ValueError, match="fast_exp 4, 5, 7, 8, 9 or 10, not 6"):
         triton_kernel.score_rows(a, a, t, fast_exp=6)
     with pytest.raises(ValueError, match="chunk 300 is not a multiple of 128"):
         triton_kernel.score_rows(a, a, t, chunk=300)
@@ -355,9 +374,11 @@ def test_streaming_kernel_refuses_shapes_it_has_no_code_for():
 @pytest.mark.gpu
 @GPU
 def test_streaming_speedups_change_no_bit():
-    """Integer-key maxima, two tiles a loop trip and constants as kernel arguments do the same float64
-    operations in the same order as the kernel without them: the outputs are equal bit for bit, on rows that
-    hold zeros of both signs, subnormals and a ragged last segment."""
+    """Integer-key maxima, two tiles a loop trip, constants as kernel arguments and the exponent add on the
+    table entry (a power-of-two scaling moved before an FMA: the same rounding for normal results, and every
+    term the sums take is normal) do the same float64 operations in the same order as the kernel without them:
+    the outputs are equal bit for bit, on rows that hold zeros of both signs, subnormals and a ragged last
+    segment."""
     rng = np.random.default_rng(12)
     a, b, t = realistic(rng, 6, 20_011, 0.1)
     a[0, :50] = 0.0
@@ -367,11 +388,12 @@ def test_streaming_speedups_change_no_bit():
     a[2] = -np.abs(a[2])  # every logit negative: the sign flip of the integer keys
     b[3] = np.abs(b[3])
     ta, tb, tt = (torch.from_numpy(x).cuda() for x in (a, b, t.astype(np.int64)))
-    base = triton_kernel.score_rows(ta, tb, tt, red=0, unroll=0, carg=0)
-    for kw in ({}, {"red": 1}, {"carg": 0}, {"unroll": 0}):
-        out = triton_kernel.score_rows(ta, tb, tt, **kw)
-        for x, y in zip(out, base):
-            assert torch.equal(x, y), kw
+    for fast_exp in (9, 4):  # the default table (N 1,024, degree 3) and the earlier one (N 256, degree 4)
+        base = triton_kernel.score_rows(ta, tb, tt, fast_exp=fast_exp, red=0, unroll=0, carg=0, xadd=0)
+        for kw in ({}, {"red": 1}, {"carg": 0}, {"unroll": 0}, {"xadd": 0}, {"xadd": 1, "carg": 0}):
+            out = triton_kernel.score_rows(ta, tb, tt, fast_exp=fast_exp, **kw)
+            for x, y in zip(out, base):
+                assert torch.equal(x, y), (fast_exp, kw)
 
 
 @pytest.mark.gpu

@@ -507,17 +507,24 @@ def last_partials_kernel():
     return _LAST[0]
 
 
-_TAB_LOG2N = {4: 8, 5: 6, 6: 11, 7: 5, 8: 4}  # 7, 8: N 32 / 16, the streaming kernel's
-# the N = 256 table exp's constants as float64 kernel arguments: 1 / step, -step (step = ln2 / 256), 1/24, 1/6
-_EXP256 = (369.3299304675746, -0.0027076061740622863, 1.0 / 24.0, 1.0 / 6.0)
+_TAB_LOG2N = {4: 8, 5: 6, 6: 11, 7: 5, 8: 4, 9: 10, 10: 9}  # 7-10: N 32 / 16 / 1024 / 512, the streaming kernel's
+# the table exps' constants as float64 kernel arguments (the streaming kernel's ``carg``): 1 / step, -step
+# (step = ln2 / N), and the polynomial's top two coefficients (N = 256: Taylor's 1/24, 1/6; N = 1024 and 512:
+# the degree-3 minimax ones of triton_stream._exp_tab)
+_EXPK = {4: (369.3299304675746, -0.0027076061740622863, 1.0 / 24.0, 1.0 / 6.0),
+         9: (1477.3197218702985, -0.0006769015435155716, 0.16666666680247416, 0.5000000039617454),
+         10: (738.6598609351493, -0.0013538030870311431, 0.16666666720932405, 0.5000000158464087)}
+_EXP256 = _EXPK[4]
 _TABLES: dict = {}
 
 
-def exp_table(variant: int, device) -> torch.Tensor:
+def exp_table(variant: int, device, xadd: bool = False) -> torch.Tensor:
     """``2**(j / N)`` for j < N, each correctly rounded to float64 (computed with :mod:`decimal` at 40 digits,
     not with a float64 ``exp2`` that may be off by an ulp), on ``device``; cached. A 1-entry table for the
-    variants that use none."""
-    key = (variant, str(device))
+    variants that use none. ``xadd``: each entry's bits lowered by ``j << (52 - log2 N)`` (its high word by
+    ``j << (20 - log2 N)``: a normal float64 in [0.5, 1)), for the streaming kernel's exponent add on the
+    table entry (``triton_stream._tab_word``)."""
+    key = (variant, str(device), bool(xadd))
     if key not in _TABLES:
         log2n = _TAB_LOG2N.get(variant, 0)
         from decimal import Decimal, localcontext
@@ -526,15 +533,19 @@ def exp_table(variant: int, device) -> torch.Tensor:
             ctx.prec = 40
             ln2 = Decimal(2).ln()
             vals = [float((ln2 * j / (1 << log2n)).exp()) for j in range(1 << log2n)]
-        _TABLES[key] = torch.tensor(vals, dtype=torch.float64, device=device)
+        tab = torch.tensor(vals, dtype=torch.float64)
+        if xadd:
+            j = torch.arange(1 << log2n, dtype=torch.int64)
+            tab = (tab.view(torch.int64) - (j << (52 - log2n))).view(torch.float64)
+        _TABLES[key] = tab.to(device)
     return _TABLES[key]
 
 
 def score_rows(ref: torch.Tensor, cand: torch.Tensor, targets: torch.Tensor, *, chunk: int = 8192,
-               num_warps: int | None = None, fast_exp: int = 4, lean: int = 0, cvt: int = 0, ldc: int = 0,
+               num_warps: int | None = None, fast_exp: int | None = None, lean: int = 0, cvt: int = 0, ldc: int = 0,
                compact: int = 1, combine_warps: int = 4, rank_in_combine: int = 0, stream: int = 1,
                tile_rows: int = 2, asm: int = 1, vec: int = 2, stages: int = 0, maxnreg: int = 0,
-               red: int = 2, unroll: int = 1, carg: int = 1, post_warps: int = 4
+               red: int = 2, unroll: int = 1, carg: int = 1, post_warps: int = 4, xadd: int | None = None
                ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """Score float32 ``[n, V]`` rows on the GPU; same returns as :func:`fideval.score.torch_kernel.score_rows`.
 
@@ -542,9 +553,11 @@ def score_rows(ref: torch.Tensor, cand: torch.Tensor, targets: torch.Tensor, *, 
     tokens per one-warp program, walked in tiles of ``tile_rows`` x (32 * ``vec`` * ``num_warps``) tokens with the
     next tile's loads issued before the current one is reduced (``stages`` 0, two tiles a loop trip with
     ``unroll``; ``stages`` >= 2 uses Triton's asynchronous-copy pipeline instead), tile maxima by integer warp
-    reductions (``red`` 2; 1 without the in-lane pair maximum, 0 shuffles), the N = 256 table exp (``fast_exp``
-    4; 5, 7, 8 = N 64, 32, 16) with its address and exponent code in PTX (``asm``) and its constants as kernel
-    arguments (``carg``); then one launch of :func:`~fideval.score.triton_stream._post` (``post_warps`` warps a
+    reductions (``red`` 2; 1 without the in-lane pair maximum, 0 shuffles), the N = 1,024 table exp with a
+    degree-3 minimax polynomial (``fast_exp`` 9; 4 = N 256 with degree-4 Taylor, the default until session 7;
+    10 = N 512 degree 3; 5, 7, 8 = N 64, 32, 16) with its address and exponent code in PTX (``asm``), its
+    constants as kernel arguments (``carg``) and its exponent added to the table entry (``xadd`` 1; 0 after the
+    polynomial); then one launch of :func:`~fideval.score.triton_stream._post` (``post_warps`` warps a
     row) for the combine, the rank and the flags. ``chunk`` must be a whole number of tiles. Measured on H200s:
     see bench/RESULTS.md.
 
@@ -556,8 +569,12 @@ def score_rows(ref: torch.Tensor, cand: torch.Tensor, targets: torch.Tensor, *, 
     """
     if triton is None:
         raise RuntimeError("triton is not installed")
-    if stream and fast_exp not in (4, 5, 7, 8):
-        raise ValueError(f"the streaming kernel takes fast_exp 4, 5, 7 or 8, not {fast_exp}")
+    if fast_exp is None:
+        fast_exp = 9 if stream else 4
+    if xadd is None:
+        xadd = 1 if stream else 0
+    if stream and fast_exp not in (4, 5, 7, 8, 9, 10):
+        raise ValueError(f"the streaming kernel takes fast_exp 4, 5, 7, 8, 9 or 10, not {fast_exp}")
     if stream and tile_rows not in (1, 2):
         raise ValueError(f"the streaming kernel takes tiles of 1 or 2 rows, not {tile_rows}")
     if compact and not stream and fast_exp not in (3, 4, 5, 6):
@@ -578,16 +595,18 @@ def score_rows(ref: torch.Tensor, cand: torch.Tensor, targets: torch.Tensor, *, 
         flags = torch.empty((n, 4), dtype=torch.bool, device=dev)
         bad = torch.empty((n,), dtype=torch.bool, device=dev)
         if n:
-            tab, log2n = exp_table(fast_exp, dev), _TAB_LOG2N[fast_exp]
+            tab, log2n = exp_table(fast_exp, dev, bool(xadd)), _TAB_LOG2N[fast_exp]
             g = tile_rows * 32 * vec * num_warps  # tokens a tile: the rank pass's unit
             if chunk % g:
                 raise ValueError(f"the streaming kernel's segments are whole tiles: chunk {chunk} is not a "
                                  f"multiple of {g}")
             tm = torch.empty((n * (vocab // g),), dtype=torch.float32, device=dev)
             _LAST[0] = triton_stream._partials_stream[(n * nch,)](
-                ref, cand, ref.stride(0), cand.stride(0), vocab, nch, pf, tm, tab, *_EXP256, SEG=chunk, R=tile_rows,
+                ref, cand, ref.stride(0), cand.stride(0), vocab, nch, pf, tm, tab, *_EXPK.get(fast_exp, _EXP256),
+                SEG=chunk, R=tile_rows,
                 W=32 * vec * num_warps, LOG2N=log2n, ASM=int(asm), NS=stages, RED=int(red), UNR=int(unroll),
-                CARG=int(bool(carg) and log2n == 8), num_warps=num_warps,
+                CARG=int(bool(carg) and fast_exp in _EXPK), TABX=int(bool(xadd)),
+                num_warps=num_warps,
                 **({"maxnreg": maxnreg} if maxnreg else {}))
             triton_stream._post[(n,)](pf, tm, ref, cand, ref.stride(0), cand.stride(0), t, vocab, nch, figs,
                                       flags.view(torch.int8), bad.view(torch.int8), SEG=chunk,

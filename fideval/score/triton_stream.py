@@ -25,11 +25,13 @@ Compute on an H200 showed what the streaming shape is then up against: no pipe i
   column's (NaN-propagating) minimum and, where its segment holds -inf, NaN/+inf or spans over 640 nats,
   redoes it at the end with :func:`guarded_segment`, the compact kernel's element logic (never, for real
   logits).
-* **Exp.** :func:`_exp_tab`: ``2**(j/256)`` from the correctly rounded table and a degree-4 polynomial; with
-  ``ASM`` the table address (``and`` + ``mad.wide``) and the exponent add (a shift and a multiply-add on the
-  high word) are PTX, where Triton's 64-bit integer code takes four instructions; with ``CARG`` its constants
-  are float64 kernel arguments (constant-bank operands, where literals were moved into registers on every
-  loop trip: 96 registers without).
+* **Exp.** :func:`_exp_tab`: ``2**(j/N)`` from the correctly rounded table and a short polynomial, by default
+  N = 1,024 with a degree-3 minimax polynomial (9.4e-17 relative; N = 256 with degree-4 Taylor until
+  2026-12-03: one FMA more per exp). ``ASM``: the table address (``and`` + ``mad.wide``) and the exponent add
+  in PTX, where Triton's 64-bit integer code takes four instructions; ``TABX``: the exponent added to the
+  table entry before the polynomial (:func:`_tab_word`: one integer instruction where it took two); ``CARG``:
+  the constants as float64 kernel arguments (constant-bank operands, where literals were moved into
+  registers on every loop trip: 96 registers without).
 * **What it writes.** The compact kernel's partials (``ma, mb, Sa, Sb, X, Y, E, flags`` per segment, relative
   to the segment maxima; the argmax within the segment in the flags word) and the candidate's maximum over
   every tile.
@@ -40,11 +42,15 @@ output, so ten tiles whose candidate maximum exceeds ``b[i]`` settle it unread, 
 that reach ``b[i]`` are read (one or two for a candidate close to its reference): 19 us a call where the
 combine and the chunk-scanning rank took ~90, and an unrelated candidate no longer costs a re-read.
 
-Measured (bench/RESULTS.md, 2026-12-03, H200, 2,047 rows at vocab 129,280, medians of three rounds, two runs):
-the whole scorer at 59.8 and 61.3 % of copy bandwidth (single rounds 54.9-62.0 %), 13.8-14.2x torch float64;
-the session-5 kernel (shuffle maxima, one tile a trip, literal constants) 51.3-52.4 % in the same runs; an
-unrelated candidate 58.4-59.6 %; largest difference from the numpy float64 reference 2.1e-13. The 75 % goal
-is not met: Nsight Compute puts the FP64 pipe at 58 % and the issue slots at 63 %, with fixed-latency (float64 chain) waits the largest stall.
+Measured (bench/RESULTS.md, 2026-12-03, H200, 2,047 rows at vocab 129,280, medians of round-robin rounds):
+session 7's default (N 1,024, degree 3, exponent on the table entry) at 66.4 % of copy bandwidth in its last
+run against 60.9 % for session 6's in the same run (single rounds of one configuration spread over up to 6
+points), 15.4x torch float64; SASS: 380 instructions per two tiles, 176 of them float64, where there were 415
+and 192. Largest difference from the numpy float64 reference 2.1e-13. The 75 % goal is not met: Nsight
+Compute puts the issue slots at 63 % with 5.7 warps a scheduler (80 registers), fixed-latency (float64
+chain) waits the largest stall, then the table gather (25 L1 tag lookups per gather instruction). A
+shared-memory table, Estrin's polynomial order and a clamped exponent in place of the minima were measured
+and dropped (see RESULTS.md).
 """
 
 from __future__ import annotations
@@ -87,15 +93,46 @@ def _inv_fact(like, K: tl.constexpr):
 
 
 @triton.jit
-def _exp_tab(x, TAB, LOG2N: tl.constexpr, ASM: tl.constexpr, KC=None):
+def _tab_word(ki, TAB, LOG2N: tl.constexpr, ASM: tl.constexpr, TABX: tl.constexpr):
+    """``TAB[k mod N]``; with ``TABX`` (the table of :func:`~fideval.score.triton_kernel.exp_table` ``xadd``,
+    each entry's high word lowered by ``j << (20 - LOG2N)``) already scaled by ``2**(k div N)``: adding
+    ``k << (20 - LOG2N)`` to the high word restores the entry's own bits and adds ``k div N`` to its exponent in
+    one integer instruction (where the exponent add after the polynomial takes a shift and a multiply-add). A
+    power-of-two scaling moved before the FMA: the same bits wherever the result is normal, and x < -708, where
+    the exponent leaves its range either way, is caught by the callers' 640-nats test as before."""
+    MASK: tl.constexpr = (1 << LOG2N) - 1
+    SH: tl.constexpr = 20 - LOG2N
+    mask = tl.full(ki.shape, MASK, tl.int32)  # constants as operands: ptxas folds them into the instructions
+    if ASM:
+        if TABX:
+            tab = tl.inline_asm_elementwise(
+                "{ .reg .b32 i, lo, hi, s; .reg .b64 p; and.b32 i, $1, $3; mad.wide.u32 p, i, 8, $2;"
+                " ld.global.nc.v2.u32 {lo, hi}, [p]; shl.b32 s, $1, $4; add.s32 hi, hi, s; mov.b64 $0, {lo, hi}; }",
+                "=d,r,l,r,r", [ki, TAB + tl.zeros_like(ki), mask, tl.full(ki.shape, SH, tl.int32)],
+                dtype=tl.float64, is_pure=True, pack=1)
+        else:
+            tab = tl.inline_asm_elementwise(
+                "{ .reg .b32 i; .reg .b64 p; and.b32 i, $1, $3; mad.wide.u32 p, i, 8, $2; ld.global.nc.f64 $0, [p]; }",
+                "=d,r,l,r", [ki, TAB + tl.zeros_like(ki), mask], dtype=tl.float64, is_pure=True, pack=1)
+    else:
+        tab = tl.load(TAB + (ki & MASK))
+        if TABX:
+            tab = (tab.to(tl.int64, bitcast=True) + (ki.to(tl.int64) << (52 - LOG2N))).to(tl.float64, bitcast=True)
+    return tab
+
+
+@triton.jit
+def _exp_tab(x, TAB, LOG2N: tl.constexpr, ASM: tl.constexpr, KC=None, TABX: tl.constexpr = 0):
     """exp(x), |x| <= 700: x = k ln2/N + r with N = 2**LOG2N (k from the 1.5 * 2**52 rounding trick: t's low
     word), r by one FMA (ln2/N rounded: r is off by |x| * 1.1e-16, which no sum can see, since every x here is
-    taken at or below a running maximum, so large |x| means a negligible term), exp(r) - 1 = r q(r) with q the Taylor polynomial
-    of degree DEG - 1 (truncation below 4e-17 on |r| <= ln2/2N), times ``TAB[k mod N]`` = 2**((k mod N)/N), with
-    k div N added to the exponent bits. N / DEG: 256 / 4, 64 / 5, 32 / 6, 16 / 7 -- a smaller table is fewer L1
-    lines for the gather (32 lanes, random indices) to touch, at one more FMA per step. ``KC``: the N = 256
-    constants (1/step, -step, 1/24, 1/6) as float64 kernel arguments, which ptxas reads from the constant
-    bank where literals are moved into registers on every loop trip."""
+    taken at or below a running maximum, so large |x| means a negligible term), exp(r) - 1 = r q(r) with q a
+    polynomial of degree DEG - 1, times ``TAB[k mod N]`` = 2**((k mod N)/N), with k div N added to the exponent
+    bits. N / DEG: 256 / 4, 64 / 5, 32 / 6, 16 / 7 (Taylor: truncation below 4e-17 on |r| <= ln2/2N; a smaller
+    table is fewer L1 lines for the gather, at one more FMA each step); 1024 / 3 and 512 / 3 (minimax on
+    |r| <= 1.001 ln2/2N: 9.4e-17 and 1.5e-15 relative; one FMA fewer than N = 256). ``KC``: the constants (1/step,
+    -step, and the two top coefficients) as kernel arguments, which
+    ptxas reads from the constant bank where literals are moved into registers on every loop trip. ``TABX``:
+    the exponent add on the table entry, before the polynomial (:func:`_tab_word`)."""
     if LOG2N == 8:
         INV: tl.constexpr = 369.3299304675746
         HI: tl.constexpr = 0.0027076061740622863
@@ -108,6 +145,18 @@ def _exp_tab(x, TAB, LOG2N: tl.constexpr, ASM: tl.constexpr, KC=None):
         INV: tl.constexpr = 46.16624130844683
         HI: tl.constexpr = 0.02166084939249829
         DEG: tl.constexpr = 6
+    elif LOG2N == 10:
+        INV: tl.constexpr = 1477.3197218702985
+        HI: tl.constexpr = 0.0006769015435155716
+        DEG: tl.constexpr = 3
+        C2: tl.constexpr = 0.5000000039617454
+        C3: tl.constexpr = 0.16666666680247416
+    elif LOG2N == 9:
+        INV: tl.constexpr = 738.6598609351493
+        HI: tl.constexpr = 0.0013538030870311431
+        DEG: tl.constexpr = 3
+        C2: tl.constexpr = 0.5000000158464087
+        C3: tl.constexpr = 0.16666666720932405
     else:
         INV: tl.constexpr = 23.083120654223414
         HI: tl.constexpr = 0.04332169878499658
@@ -123,26 +172,14 @@ def _exp_tab(x, TAB, LOG2N: tl.constexpr, ASM: tl.constexpr, KC=None):
         r = tl.fma(kd, _f64(x, -HI), x)
     else:
         r = tl.fma(kd, tl.broadcast_to(KC[1], x.shape), x)
-    if ASM:
-        if LOG2N == 8:
-            tab = tl.inline_asm_elementwise(
-                "{ .reg .b32 i; .reg .b64 p; and.b32 i, $1, 255; mad.wide.u32 p, i, 8, $2; ld.global.nc.f64 $0, [p]; }",
-                "=d,r,l", [ki, TAB + tl.zeros_like(ki)], dtype=tl.float64, is_pure=True, pack=1)
-        elif LOG2N == 6:
-            tab = tl.inline_asm_elementwise(
-                "{ .reg .b32 i; .reg .b64 p; and.b32 i, $1, 63; mad.wide.u32 p, i, 8, $2; ld.global.nc.f64 $0, [p]; }",
-                "=d,r,l", [ki, TAB + tl.zeros_like(ki)], dtype=tl.float64, is_pure=True, pack=1)
-        elif LOG2N == 5:
-            tab = tl.inline_asm_elementwise(
-                "{ .reg .b32 i; .reg .b64 p; and.b32 i, $1, 31; mad.wide.u32 p, i, 8, $2; ld.global.nc.f64 $0, [p]; }",
-                "=d,r,l", [ki, TAB + tl.zeros_like(ki)], dtype=tl.float64, is_pure=True, pack=1)
+    tab = _tab_word(ki, TAB, LOG2N, ASM, TABX)
+    if DEG == 3:
+        if KC is None:
+            q = tl.fma(_f64(x, C3), r, _f64(x, C2))
         else:
-            tab = tl.inline_asm_elementwise(
-                "{ .reg .b32 i; .reg .b64 p; and.b32 i, $1, 15; mad.wide.u32 p, i, 8, $2; ld.global.nc.f64 $0, [p]; }",
-                "=d,r,l", [ki, TAB + tl.zeros_like(ki)], dtype=tl.float64, is_pure=True, pack=1)
-    else:
-        tab = tl.load(TAB + (ki & ((1 << LOG2N) - 1)))
-    if KC is None:
+            q = tl.fma(tl.broadcast_to(KC[2], x.shape), r, tl.broadcast_to(KC[3], x.shape))
+        q = tl.fma(q, r, _f64(x, 1.0))
+    elif KC is None:
         q = _inv_fact(x, DEG)
         for j in tl.static_range(DEG - 1, 0, -1):
             q = tl.fma(q, r, _inv_fact(x, j))
@@ -151,24 +188,14 @@ def _exp_tab(x, TAB, LOG2N: tl.constexpr, ASM: tl.constexpr, KC=None):
         q = tl.fma(q, r, _f64(x, 0.5))
         q = tl.fma(q, r, _f64(x, 1.0))
     e = tl.fma(tab, q * r, tab)
-    if ASM:
+    if TABX:
+        pass  # the exponent is in the table word already
+    elif ASM:
         # hi word += (k >> LOG2N) << 20: k div N into the exponent field (one shift, one multiply-add)
-        if LOG2N == 8:
-            e = tl.inline_asm_elementwise(
-                "{ .reg .b32 lo, hi, k; mov.b64 {lo, hi}, $1; shr.s32 k, $2, 8; shl.b32 k, k, 20; add.s32 hi, hi, k;"
-                " mov.b64 $0, {lo, hi}; }", "=d,d,r", [e, ki], dtype=tl.float64, is_pure=True, pack=1)
-        elif LOG2N == 6:
-            e = tl.inline_asm_elementwise(
-                "{ .reg .b32 lo, hi, k; mov.b64 {lo, hi}, $1; shr.s32 k, $2, 6; shl.b32 k, k, 20; add.s32 hi, hi, k;"
-                " mov.b64 $0, {lo, hi}; }", "=d,d,r", [e, ki], dtype=tl.float64, is_pure=True, pack=1)
-        elif LOG2N == 5:
-            e = tl.inline_asm_elementwise(
-                "{ .reg .b32 lo, hi, k; mov.b64 {lo, hi}, $1; shr.s32 k, $2, 5; shl.b32 k, k, 20; add.s32 hi, hi, k;"
-                " mov.b64 $0, {lo, hi}; }", "=d,d,r", [e, ki], dtype=tl.float64, is_pure=True, pack=1)
-        else:
-            e = tl.inline_asm_elementwise(
-                "{ .reg .b32 lo, hi, k; mov.b64 {lo, hi}, $1; shr.s32 k, $2, 4; shl.b32 k, k, 20; add.s32 hi, hi, k;"
-                " mov.b64 $0, {lo, hi}; }", "=d,d,r", [e, ki], dtype=tl.float64, is_pure=True, pack=1)
+        e = tl.inline_asm_elementwise(
+            "{ .reg .b32 lo, hi, k; mov.b64 {lo, hi}, $1; shr.s32 k, $2, $3; shl.b32 k, k, 20; add.s32 hi, hi, k;"
+            " mov.b64 $0, {lo, hi}; }", "=d,d,r,r", [e, ki, tl.full(ki.shape, LOG2N, tl.int32)], dtype=tl.float64,
+            is_pure=True, pack=1)
     else:
         e = (e.to(tl.int64, bitcast=True) + ((ki >> LOG2N).to(tl.int64) << 52)).to(tl.float64, bitcast=True)
     return e
@@ -195,13 +222,14 @@ def _nanmax2(a1, b1, a2, b2):
 
 
 @triton.jit
-def _fast_tile(a, b, sa, sb, m, acc, TAB, KC, LOG2N: tl.constexpr, ASM: tl.constexpr, MASKED: tl.constexpr):
+def _fast_tile(a, b, sa, sb, m, acc, TAB, KC, LOG2N: tl.constexpr, ASM: tl.constexpr, MASKED: tl.constexpr,
+               TABX: tl.constexpr):
     """Add one [W] tile's terms, shifted by ``sa``/``sb`` (float64 scalars), to the five [W] accumulators."""
     acc_sa, acc_sb, acc_x, acc_y, acc_e = acc
     xa = a.to(tl.float64) - sa
     xb = b.to(tl.float64) - sb
-    ea = _exp_tab(xa, TAB, LOG2N, ASM, KC)
-    eb = _exp_tab(xb, TAB, LOG2N, ASM, KC)
+    ea = _exp_tab(xa, TAB, LOG2N, ASM, KC, TABX)
+    eb = _exp_tab(xb, TAB, LOG2N, ASM, KC, TABX)
     if MASKED:
         ea = tl.where(m, ea, 0.0)
         eb = tl.where(m, eb, 0.0)
@@ -212,15 +240,16 @@ def _fast_tile(a, b, sa, sb, m, acc, TAB, KC, LOG2N: tl.constexpr, ASM: tl.const
 
 
 @triton.jit
-def _safe_tile(a, b, ma32, mb32, sa, sb, acc, u_a, u_b, TAB, LOG2N: tl.constexpr, ASM: tl.constexpr):
+def _safe_tile(a, b, ma32, mb32, sa, sb, acc, u_a, u_b, TAB, LOG2N: tl.constexpr, ASM: tl.constexpr,
+               TABX: tl.constexpr):
     """The compact kernel's guarded element logic (shift at the maxima, -inf clamped, 700-nats floor) for one
     [W] tile; masked lanes arrive as -inf and add 0. ``u_a``/``u_b`` track the finite-vs--inf tests."""
     acc_sa, acc_sb, acc_x, acc_y, acc_e = acc
     xa = tl.maximum(a, -3.4028234663852886e38).to(tl.float64) - sa
     xb = tl.maximum(b, -3.4028234663852886e38).to(tl.float64) - sb
-    # below the floor the exp's input is garbage (its table index stays in bounds: k & 255) and is not taken
-    ea = tl.where(a - ma32 >= -700.0, _exp_tab(xa, TAB, LOG2N, ASM), 0.0)
-    eb = tl.where(b - mb32 >= -700.0, _exp_tab(xb, TAB, LOG2N, ASM), 0.0)
+    # below the floor the exp's input is garbage (its table index stays in bounds: k mod N) and is not taken
+    ea = tl.where(a - ma32 >= -700.0, _exp_tab(xa, TAB, LOG2N, ASM, None, TABX), 0.0)
+    eb = tl.where(b - mb32 >= -700.0, _exp_tab(xb, TAB, LOG2N, ASM, None, TABX), 0.0)
     e = xa - xb
     u_a = tl.maximum(u_a, tl.where(b == float("-inf"), a, float("-inf")))  # > -inf somewhere: KL = +inf
     u_b = tl.maximum(u_b, tl.where(a == float("-inf"), b, float("-inf")))  # the mirror: reverse KL = +inf
@@ -235,7 +264,7 @@ def _pack8(j, ma, mb, s_a, s_b, x_, y_, ea_, flags):
 
 
 @triton.jit
-def _shift_to(acc, sa, sb, na, nb, TAB, KC, LOG2N: tl.constexpr, ASM: tl.constexpr):
+def _shift_to(acc, sa, sb, na, nb, TAB, KC, LOG2N: tl.constexpr, ASM: tl.constexpr, TABX: tl.constexpr):
     """Move the five sums from the shifts ``sa``/``sb`` to the higher ``na``/``nb`` (float64 scalars). Every
     term was taken at or below its shift (x <= 0), so ``E - d S`` adds two negative numbers: no cancellation.
     The weights use the table exp (its range holds wherever the sums can stand: a segment spread over 640
@@ -243,8 +272,8 @@ def _shift_to(acc, sa, sb, na, nb, TAB, KC, LOG2N: tl.constexpr, ASM: tl.constex
     acc_sa, acc_sb, acc_x, acc_y, acc_e = acc
     da = na - sa
     db = nb - sb
-    wa = _exp_tab(-da, TAB, LOG2N, ASM, KC)
-    wb = _exp_tab(-db, TAB, LOG2N, ASM, KC)
+    wa = _exp_tab(-da, TAB, LOG2N, ASM, KC, TABX)
+    wb = _exp_tab(-db, TAB, LOG2N, ASM, KC, TABX)
     return (wa * acc_sa, wb * acc_sb, wa * (acc_x - (da - db) * acc_sa), wb * (acc_y - (da - db) * acc_sb),
             wa * (acc_e - da * acc_sa))
 
@@ -289,7 +318,7 @@ def _tile_max(a0, b0, a1, b1, R: tl.constexpr, RED: tl.constexpr):
 
 @triton.jit
 def _raise_shifts(ma32, mb32, ta, tb, sa, sb, acc, ia, a0, a1, o0, TAB, KC, R: tl.constexpr, W: tl.constexpr,
-                  LOG2N: tl.constexpr, ASM: tl.constexpr):
+                  LOG2N: tl.constexpr, ASM: tl.constexpr, TABX: tl.constexpr):
     """The running maxima after a tile whose maxima are ``ta``/``tb`` (NaN-propagating), and the shifts and sums
     moved to them when one grows (a uniform branch). There too the reference's argmax ``ia`` moves to the
     tile's first index of ``ta`` (``o0`` the offsets of ``a0``; ``a1`` follows at ``o0 + W``): strictly
@@ -302,7 +331,7 @@ def _raise_shifts(ma32, mb32, ta, tb, sa, sb, acc, ia, a0, a1, o0, TAB, KC, R: t
             if R == 2:
                 j = tl.minimum(j, tl.min(tl.where(a1 == ta, o0 + W, 2147483647), 0))
             ia = j
-        acc = _shift_to(acc, sa, sb, na32.to(tl.float64), nb32.to(tl.float64), TAB, KC, LOG2N, ASM)
+        acc = _shift_to(acc, sa, sb, na32.to(tl.float64), nb32.to(tl.float64), TAB, KC, LOG2N, ASM, TABX)
         sa = na32.to(tl.float64)
         sb = nb32.to(tl.float64)
     return na32, nb32, sa, sb, acc, ia
@@ -320,7 +349,7 @@ def _nanmin2(a1, b1, a2, b2):
 
 @triton.jit
 def _tile_update(a0, b0, a1, b1, o0, st, ptm, TAB, KC, R: tl.constexpr, W: tl.constexpr, LOG2N: tl.constexpr,
-                 ASM: tl.constexpr, RED: tl.constexpr):
+                 ASM: tl.constexpr, RED: tl.constexpr, TABX: tl.constexpr):
     """One tile (rows ``a0``/``b0`` at offsets ``o0`` and, when R == 2, ``a1``/``b1`` right after them): raise
     the shifts to the tile's maxima first (a uniform branch: the sums move only when a maximum grows), then
     add the tile's terms. ``st`` is the segment's state: maxima, shifts, minima, sums, argmax. The candidate's
@@ -335,16 +364,16 @@ def _tile_update(a0, b0, a1, b1, o0, st, ptm, TAB, KC, R: tl.constexpr, W: tl.co
         mn_a = _nanmin(mn_a, a0)
         mn_b = _nanmin(mn_b, b0)
     ma32, mb32, sa, sb, acc, ia = _raise_shifts(ma32, mb32, ta, tb, sa, sb, acc, ia, a0, a1, o0, TAB, KC, R, W,
-                                                LOG2N, ASM)
-    acc = _fast_tile(a0, b0, sa, sb, o0, acc, TAB, KC, LOG2N, ASM, False)
+                                                LOG2N, ASM, TABX)
+    acc = _fast_tile(a0, b0, sa, sb, o0, acc, TAB, KC, LOG2N, ASM, False, TABX)
     if R == 2:
-        acc = _fast_tile(a1, b1, sa, sb, o0, acc, TAB, KC, LOG2N, ASM, False)
+        acc = _fast_tile(a1, b1, sa, sb, o0, acc, TAB, KC, LOG2N, ASM, False, TABX)
     return ma32, mb32, sa, sb, mn_a, mn_b, acc, ia
 
 
 @triton.jit
 def _segment(pa, pb, ptm, n, TAB, KC, R: tl.constexpr, W: tl.constexpr, LOG2N: tl.constexpr, ASM: tl.constexpr,
-             NS: tl.constexpr, RED: tl.constexpr, UNR: tl.constexpr):
+             NS: tl.constexpr, RED: tl.constexpr, UNR: tl.constexpr, TABX: tl.constexpr):
     """The compact partials of the ``n`` tokens at ``pa``/``pb`` (``n`` a constexpr or a launch argument, never
     a program-dependent value: loop bounds stay scalar for the compiler and for Triton's interpreter), and the
     first index of the reference maximum. Where the unguarded sums cannot stand (-inf, NaN/+inf, a spread
@@ -383,7 +412,7 @@ def _segment(pa, pb, ptm, n, TAB, KC, R: tl.constexpr, W: tl.constexpr, LOG2N: t
                 else:
                     a1m = a0m
                     b1m = b0m
-                st = _tile_update(a0n, b0n, a1n, b1n, o - RW, st, ptm + 2 * i, TAB, KC, R, W, LOG2N, ASM, RED)
+                st = _tile_update(a0n, b0n, a1n, b1n, o - RW, st, ptm + 2 * i, TAB, KC, R, W, LOG2N, ASM, RED, TABX)
                 more = 2 * i + 2 < nfull
                 a0n = tl.load(pa + o + RW, mask=more)
                 b0n = tl.load(pb + o + RW, mask=more)
@@ -393,10 +422,10 @@ def _segment(pa, pb, ptm, n, TAB, KC, R: tl.constexpr, W: tl.constexpr, LOG2N: t
                 else:
                     a1n = a0n
                     b1n = b0n
-                st = _tile_update(a0m, b0m, a1m, b1m, o, st, ptm + 2 * i + 1, TAB, KC, R, W, LOG2N, ASM, RED)
+                st = _tile_update(a0m, b0m, a1m, b1m, o, st, ptm + 2 * i + 1, TAB, KC, R, W, LOG2N, ASM, RED, TABX)
             if nfull % 2 == 1:
                 st = _tile_update(a0n, b0n, a1n, b1n, (nfull - 1) * RW + w, st, ptm + nfull - 1,
-                                  TAB, KC, R, W, LOG2N, ASM, RED)
+                                  TAB, KC, R, W, LOG2N, ASM, RED, TABX)
         else:
             for i in range(0, nfull):
                 a0, b0, a1, b1 = a0n, b0n, a1n, b1n
@@ -410,7 +439,7 @@ def _segment(pa, pb, ptm, n, TAB, KC, R: tl.constexpr, W: tl.constexpr, LOG2N: t
                 else:
                     a1n = a0n
                     b1n = b0n
-                st = _tile_update(a0, b0, a1, b1, o - RW, st, ptm + i, TAB, KC, R, W, LOG2N, ASM, RED)
+                st = _tile_update(a0, b0, a1, b1, o - RW, st, ptm + i, TAB, KC, R, W, LOG2N, ASM, RED, TABX)
     else:
         # Triton's pipeliner: NS - 1 tiles in flight as asynchronous copies into shared memory
         for i in tl.range(0, nfull, num_stages=NS):
@@ -423,7 +452,7 @@ def _segment(pa, pb, ptm, n, TAB, KC, R: tl.constexpr, W: tl.constexpr, LOG2N: t
             else:
                 a1 = a0
                 b1 = b0
-            st = _tile_update(a0, b0, a1, b1, o, st, ptm + i, TAB, KC, R, W, LOG2N, ASM, RED)
+            st = _tile_update(a0, b0, a1, b1, o, st, ptm + i, TAB, KC, R, W, LOG2N, ASM, RED, TABX)
     ma32, mb32, sa, sb, mn_a, mn_b, acc, ia = st
     for o0 in range(nfull * RW, n, W):  # the ragged end: masked lanes leave the extrema alone and add 0
         o = o0 + w
@@ -434,26 +463,26 @@ def _segment(pa, pb, ptm, n, TAB, KC, R: tl.constexpr, W: tl.constexpr, LOG2N: t
         mn_a = _nanmin(mn_a, tl.where(m, a, float("inf")))
         mn_b = _nanmin(mn_b, tl.where(m, b, float("inf")))
         ma32, mb32, sa, sb, acc, ia = _raise_shifts(ma32, mb32, ta, tb, sa, sb, acc, ia, a, a, o, TAB, KC, 1, W,
-                                                    LOG2N, ASM)
-        acc = _fast_tile(tl.where(m, a, 0.0), tl.where(m, b, 0.0), sa, sb, m, acc, TAB, KC, LOG2N, ASM, True)
+                                                    LOG2N, ASM, TABX)
+        acc = _fast_tile(tl.where(m, a, 0.0), tl.where(m, b, 0.0), sa, sb, m, acc, TAB, KC, LOG2N, ASM, True, TABX)
+    ma = ma32.to(tl.float64)
+    mb = mb32.to(tl.float64)
+    s_a, s_b, x_, y_, e_ = tl.reduce(acc, 0, _add5)
     na32, nb32 = tl.reduce((mn_a, mn_b), 0, _nanmin2)
     bad = ((ma32 != ma32) | (ma32 == float("inf")) | (mb32 != mb32) | (mb32 == float("inf")) | (na32 != na32)
            | (nb32 != nb32))
-    ma = ma32.to(tl.float64)
-    mb = mb32.to(tl.float64)
     # every token within 640 nats of its segment's maximum (so of the shift it was taken at): the sums stand
     fast = (ma - na32.to(tl.float64) <= RANGE) & (mb - nb32.to(tl.float64) <= RANGE)
     flags = bad.to(tl.int32) | ((~fast & ~bad).to(tl.int32) << 3)
-    s_a, s_b, x_, y_, e_ = tl.reduce(acc, 0, _add5)
     return ma, mb, s_a, s_b, x_, y_, e_, flags, ia
 
 
 @triton.jit
-def guarded_segment(pa, pb, n, ma, mb, TAB, W: tl.constexpr, LOG2N: tl.constexpr):
+def guarded_segment(pa, pb, n, ma, mb, TAB, W: tl.constexpr, LOG2N: tl.constexpr, TABX: tl.constexpr):
     """The partial sums of a flagged segment (``n`` tokens at ``pa``/``pb``, float64 maxima ``ma``/``mb``),
     shifted to its maxima with the guarded element logic: -inf clamped, the 700-nats floor, the
-    finite-vs--inf flags (bits 1 and 2). Rare (masked or extreme rows); run by :func:`_fix`, so that its
-    registers stay out of the streaming kernel."""
+    finite-vs--inf flags (bits 1 and 2). Rare (masked or extreme rows); run at the end of
+    :func:`_partials_stream`, behind a branch."""
     w = tl.arange(0, W)
     ma32 = ma.to(tl.float32)
     mb32 = mb.to(tl.float32)
@@ -468,7 +497,7 @@ def guarded_segment(pa, pb, n, ma, mb, TAB, W: tl.constexpr, LOG2N: tl.constexpr
         m = o < n
         a = tl.load(pa + o, mask=m, other=float("-inf"))
         b = tl.load(pb + o, mask=m, other=float("-inf"))
-        acc, u_a, u_b = _safe_tile(a, b, ma32, mb32, sha, shb, acc, u_a, u_b, TAB, LOG2N, 0)
+        acc, u_a, u_b = _safe_tile(a, b, ma32, mb32, sha, shb, acc, u_a, u_b, TAB, LOG2N, 0, TABX)
     s_a, s_b, x_, y_, e_ = tl.reduce(acc, 0, _add5)
     umax, vmax = tl.reduce((u_a, u_b), 0, _max2)
     flags = ((umax > float("-inf")).to(tl.int32) << 1) | ((vmax > float("-inf")).to(tl.int32) << 2)
@@ -479,7 +508,7 @@ def guarded_segment(pa, pb, n, ma, mb, TAB, W: tl.constexpr, LOG2N: tl.constexpr
 def _partials_stream(A, B, stride_a, stride_b, V, NCH, PF, TM, TAB, KINV: tl.float64, KNHI: tl.float64,
                      KC4: tl.float64, KC3: tl.float64, SEG: tl.constexpr, R: tl.constexpr, W: tl.constexpr,
                      LOG2N: tl.constexpr, ASM: tl.constexpr, NS: tl.constexpr, RED: tl.constexpr, UNR: tl.constexpr,
-                     CARG: tl.constexpr):
+                     CARG: tl.constexpr, TABX: tl.constexpr):
     """One (row, segment of SEG tokens) per program, in tiles of R x [W] tokens: the compact partials (the
     segment's argmax in the flags word: ``flags | index << 4``, the index within the segment), redone with
     :func:`guarded_segment` where flag bit 3 says the unguarded sums cannot stand (-inf, NaN/+inf, a spread
@@ -487,7 +516,8 @@ def _partials_stream(A, B, stride_a, stride_b, V, NCH, PF, TM, TAB, KINV: tl.flo
     the row outputs. (Doing that in each row's last program to finish, behind a release/acquire counter,
     measured slower: 59.6 % of copy against 62.1 %.) A row's last segment (short, maybe ragged) has its own
     copy of the code, so that every other segment runs a loop of constexpr length with no tail. ``CARG``: the
-    exp's constants come from ``KINV``.. ``KC3``."""
+    exp's constants come from ``KINV``.. ``KC3``; ``TABX``: the
+    exponent add on the table entry (:func:`_tab_word`; the table must be the ``xadd`` one)."""
     pid = tl.program_id(0)
     row = (pid // NCH).to(tl.int64)
     seg = pid % NCH
@@ -501,13 +531,13 @@ def _partials_stream(A, B, stride_a, stride_b, V, NCH, PF, TM, TAB, KINV: tl.flo
         KC = None
     if seg == NCH - 1:
         ma, mb, s_a, s_b, x_, y_, e_, flags, ia = _segment(pa, pb, ptm, V - (NCH - 1) * SEG, TAB, KC, R, W,
-                                                           LOG2N, ASM, NS, RED, UNR)
+                                                           LOG2N, ASM, NS, RED, UNR, TABX)
     else:
         ma, mb, s_a, s_b, x_, y_, e_, flags, ia = _segment(pa, pb, ptm, SEG, TAB, KC, R, W, LOG2N, ASM, NS, RED,
-                                                           UNR)
+                                                           UNR, TABX)
     if (flags & 8) != 0:
         s_a, s_b, x_, y_, e_, fl = guarded_segment(pa, pb, tl.minimum(V - seg * SEG, SEG), ma, mb, TAB, 32,
-                                                   LOG2N)
+                                                   LOG2N, TABX)
         flags = (flags & 1) | fl
     j = tl.arange(0, 8)
     tl.store(PF + pid.to(tl.int64) * 8 + j, _pack8(j, ma, mb, s_a, s_b, x_, y_, e_, flags | (ia << 4)))
@@ -628,16 +658,17 @@ def _post(PF, TM, A, B, stride_a, stride_b, T, V, NCH, FIGS, FLAGS, BAD, SEG: tl
 
 
 @triton.jit
-def _exp_kernel(X, Y, N, TAB, LOG2N: tl.constexpr, ASM: tl.constexpr, BLOCK: tl.constexpr):
+def _exp_kernel(X, Y, N, TAB, LOG2N: tl.constexpr, ASM: tl.constexpr, TABX: tl.constexpr, BLOCK: tl.constexpr):
     o = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
     x = tl.load(X + o, mask=o < N, other=0.0)
-    tl.store(Y + o, _exp_tab(x, TAB, LOG2N, ASM), mask=o < N)
+    tl.store(Y + o, _exp_tab(x, TAB, LOG2N, ASM, None, TABX), mask=o < N)
 
 
-def exp_tab(x: torch.Tensor, tab: torch.Tensor, log2n: int, asm: int = 1) -> torch.Tensor:
+def exp_tab(x: torch.Tensor, tab: torch.Tensor, log2n: int, asm: int = 1, xadd: int = 0) -> torch.Tensor:
     """:func:`_exp_tab` on its own (float64 ``x`` in [-700, 0], ``tab`` = ``triton_kernel.exp_table`` of the
-    matching variant), for tests."""
+    matching variant and ``xadd``), for tests."""
     x = x.contiguous()
     y = torch.empty_like(x)
-    _exp_kernel[(triton.cdiv(x.numel(), 1024),)](x, y, x.numel(), tab, LOG2N=log2n, ASM=asm, BLOCK=1024)
+    _exp_kernel[(triton.cdiv(x.numel(), 1024),)](x, y, x.numel(), tab, LOG2N=log2n, ASM=asm, TABX=int(xadd),
+                                                 BLOCK=1024)
     return y
