@@ -69,7 +69,7 @@ def main() -> None:
                     help="timings of each configuration, round-robin; the median is the figure")
     ap.add_argument("--back-to-back", type=int, default=10, help="calls per timing for the back-to-back rows")
     ap.add_argument("--profile", action="store_true", help="also print each kernel's time for the best configuration")
-    ap.add_argument("--configs", default="default,red=0/unroll=0/carg=0,red=1,chunk=16384,stream=0",
+    ap.add_argument("--configs", default="default,fast_exp=4/xadd=0,fast_exp=10,stream=0",
                     help="'default' (score_rows' defaults), key=value/key=value, or chunk:num_warps:exp[:lean[:cvt[:ldc...]]] (see parse_config; exp 0 = libdevice, 1 = FMA Taylor, 2 = select-tree "
                     "table + FMA, 3 = degree-10 + exponent bits, 4/5/6 = gathered 2**(j/N) table with N 256/64/2048; "
                     "lean G >= 1 = the lean partials kernel, G chunks per program; cvt 1 = float32->float64 by integer "
