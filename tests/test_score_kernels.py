@@ -45,7 +45,10 @@ BACKENDS = ["reference", "torch", "torch-blocked",
             pytest.param("triton-stream256", marks=[pytest.mark.gpu, GPU]),
             pytest.param("triton-stream1k", marks=[pytest.mark.gpu, GPU]),
             pytest.param("triton-stream512", marks=[pytest.mark.gpu, GPU]),
-            pytest.param("triton-stream1knoasm", marks=[pytest.mark.gpu, GPU])]
+            pytest.param("triton-stream1knoasm", marks=[pytest.mark.gpu, GPU]),
+            pytest.param("triton-streampair0", marks=[pytest.mark.gpu, GPU]),
+            pytest.param("triton-streampair64", marks=[pytest.mark.gpu, GPU]),
+            pytest.param("triton-streampair1", marks=[pytest.mark.gpu, GPU])]
 
 
 def oracle(a: np.ndarray, b: np.ndarray, t: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
@@ -98,15 +101,20 @@ def run(backend: str, a: np.ndarray, b: np.ndarray, t: np.ndarray) -> tuple[np.n
               "stream16": {"num_warps": 8, "fast_exp": 8},
               # its changes of 2026-12-03 (session 6) off: shuffle maxima, one tile a loop trip, constants as
               # literals; integer maxima without the in-lane pair maximum; segments of 2,048 on 2 warps
-              "streamv5": {"red": 0, "unroll": 0, "carg": 0, "fast_exp": 4, "xadd": 0},
+              "streamv5": {"red": 0, "unroll": 0, "carg": 0, "fast_exp": 4, "xadd": 0, "pair": 0},
               "streamred1": {"red": 1, "tile_rows": 1, "vec": 4},
               "stream2k": {"chunk": 2048, "num_warps": 2},
               # session 7: the N 1024 (the default since) and 512 tables with a degree-3 minimax polynomial (one
               # FMA fewer) and the exponent add on the table entry, with and without PTX
-              "stream256": {"fast_exp": 4, "xadd": 0},  # the default until session 7
+              "stream256": {"fast_exp": 4, "xadd": 0, "pair": 0},  # the default until session 7
               "stream1k": {"fast_exp": 9, "xadd": 1},
               "stream512": {"fast_exp": 10, "xadd": 1},
               "stream1knoasm": {"fast_exp": 9, "xadd": 1, "asm": 0, "chunk": 4096},
+              # session 8: each lane's two tokens of a row into one set of accumulators (the default since): off
+              # (the default until then), capped at 64 registers (spills), on one-row tiles
+              "streampair0": {"pair": 0},
+              "streampair64": {"maxnreg": 64},
+              "streampair1": {"tile_rows": 1, "chunk": 4096},
               }.get(backend.partition("-")[2], {})
         out = triton_kernel.score_rows(ta.cuda(), tb.cuda(), tt.cuda(), **kw)
     return tuple(x.cpu().numpy() for x in out)
@@ -333,7 +341,8 @@ def test_exp_table_is_correctly_rounded():
                                                "triton-streamnoasm", "triton-stream64", "triton-stream32",
                                                "triton-stream16", "triton-streamv5", "triton-streamred1",
                                                "triton-stream2k", "triton-stream256", "triton-stream1k",
-                                               "triton-stream512", "triton-stream1knoasm")])
+                                               "triton-stream512", "triton-stream1knoasm", "triton-streampair0",
+                                               "triton-streampair64", "triton-streampair1")])
 def test_lean_flags_at_chunk_and_program_edges(backend):
     """The lean kernel reads its flags off the maxima: put each special value on the last token of a chunk,
     of a row, and of a program's run of chunks, where a masked-lane or prefetch slip would show."""
@@ -388,12 +397,14 @@ def test_streaming_speedups_change_no_bit():
     a[2] = -np.abs(a[2])  # every logit negative: the sign flip of the integer keys
     b[3] = np.abs(b[3])
     ta, tb, tt = (torch.from_numpy(x).cuda() for x in (a, b, t.astype(np.int64)))
-    for fast_exp in (9, 4):  # the default table (N 1,024, degree 3) and the earlier one (N 256, degree 4)
-        base = triton_kernel.score_rows(ta, tb, tt, fast_exp=fast_exp, red=0, unroll=0, carg=0, xadd=0)
+    # the default table (N 1,024, degree 3) and the earlier one (N 256, degree 4); one or two accumulator sets a
+    # lane (pair: another summation order, so compared within itself)
+    for fast_exp, pair in ((9, 0), (4, 0), (9, 1)):
+        base = triton_kernel.score_rows(ta, tb, tt, fast_exp=fast_exp, red=0, unroll=0, carg=0, xadd=0, pair=pair)
         for kw in ({}, {"red": 1}, {"carg": 0}, {"unroll": 0}, {"xadd": 0}, {"xadd": 1, "carg": 0}):
-            out = triton_kernel.score_rows(ta, tb, tt, fast_exp=fast_exp, **kw)
+            out = triton_kernel.score_rows(ta, tb, tt, fast_exp=fast_exp, pair=pair, **kw)
             for x, y in zip(out, base):
-                assert torch.equal(x, y), (fast_exp, kw)
+                assert torch.equal(x, y), (fast_exp, pair, kw)
 
 
 @pytest.mark.gpu
@@ -427,3 +438,34 @@ def test_rank_near_ten_from_tile_maxima(backend):
     np.testing.assert_array_equal(flags, oracle(a, b, t)[1])
     np.testing.assert_array_equal(flags[:, 2], [True, False, True, True, True, True])
     np.testing.assert_array_equal(flags[:, 1], [False, False, False, False, True, True])
+
+
+@pytest.mark.gpu
+@GPU
+def test_relaunch_through_the_compiled_kernel_keeps_its_specialisation():
+    """score_rows relaunches its kernels through the compiled handles (triton_launch): the same bits as the
+    first, JIT-bound launch; and rows at an address 4 bytes off 16-byte alignment, or of another vocabulary,
+    get a kernel compiled for them, not the cached one (a wrong alignment assumption would read the wrong
+    floats), checked against the float64 oracle."""
+    from fideval.score import triton_launch
+
+    rng = np.random.default_rng(21)
+    a, b, t = realistic(rng, 3, 20_003, 0.1)
+    ta, tb, tt = (torch.from_numpy(x).cuda() for x in (a, b, t.astype(np.int64)))
+    triton_launch.clear()
+    first = triton_kernel.score_rows(ta, tb, tt)
+    cached = len(triton_launch._CACHE)
+    again = triton_kernel.score_rows(ta, tb, tt)
+    assert len(triton_launch._CACHE) == cached
+    for x, y in zip(first, again):
+        assert torch.equal(x, y)
+    pa = torch.from_numpy(np.pad(a, ((0, 0), (1, 0)))).cuda()[:, 1:]  # stride 20,004, address + 4 bytes
+    pb = torch.from_numpy(np.pad(b, ((0, 0), (1, 0)))).cuda()[:, 1:]
+    assert pa.data_ptr() % 16 == 4
+    figs, flags, bad = (x.cpu().numpy() for x in triton_kernel.score_rows(pa, pb, tt))
+    assert len(triton_launch._CACHE) > cached
+    assert_close(figs, flags, *oracle(a, b, t))
+    short = (a[:, :20_000].copy(), b[:, :20_000].copy(), np.minimum(t, 19_999))
+    figs, flags, bad = (x.cpu().numpy() for x in triton_kernel.score_rows(
+        *(torch.from_numpy(x).cuda() for x in (short[0], short[1], short[2].astype(np.int64)))))
+    assert_close(figs, flags, *oracle(*short))

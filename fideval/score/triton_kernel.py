@@ -73,7 +73,7 @@ try:  # Triton is optional: the torch fallback covers machines without it.
     import triton
     import triton.language as tl
 
-    from fideval.score import triton_stream
+    from fideval.score import triton_launch, triton_stream
     from fideval.score.triton_stream import (  # the helpers both modules use
         _add5, _f64, _key, _max2, _or, _pack8, store_figures)
 except ImportError:  # pragma: no cover - depends on the machine
@@ -545,7 +545,8 @@ def score_rows(ref: torch.Tensor, cand: torch.Tensor, targets: torch.Tensor, *, 
                num_warps: int | None = None, fast_exp: int | None = None, lean: int = 0, cvt: int = 0, ldc: int = 0,
                compact: int = 1, combine_warps: int = 4, rank_in_combine: int = 0, stream: int = 1,
                tile_rows: int = 2, asm: int = 1, vec: int = 2, stages: int = 0, maxnreg: int = 0,
-               red: int = 2, unroll: int = 1, carg: int = 1, post_warps: int = 4, xadd: int | None = None
+               red: int = 2, unroll: int = 1, carg: int = 1, post_warps: int = 4, xadd: int | None = None,
+               pair: int = 1
                ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """Score float32 ``[n, V]`` rows on the GPU; same returns as :func:`fideval.score.torch_kernel.score_rows`.
 
@@ -557,9 +558,12 @@ def score_rows(ref: torch.Tensor, cand: torch.Tensor, targets: torch.Tensor, *, 
     degree-3 minimax polynomial (``fast_exp`` 9; 4 = N 256 with degree-4 Taylor, the default until session 7;
     10 = N 512 degree 3; 5, 7, 8 = N 64, 32, 16) with its address and exponent code in PTX (``asm``), its
     constants as kernel arguments (``carg``) and its exponent added to the table entry (``xadd`` 1; 0 after the
-    polynomial); then one launch of :func:`~fideval.score.triton_stream._post` (``post_warps`` warps a
-    row) for the combine, the rank and the flags. ``chunk`` must be a whole number of tiles. Measured on H200s:
-    see bench/RESULTS.md.
+    polynomial) and, with ``pair`` 1 (the default since session 8), each lane's two tokens of a tile row
+    summed into one set of accumulators (0: one set per token); then one launch of
+    :func:`~fideval.score.triton_stream._post` (``post_warps`` warps a row) for the combine, the rank and the
+    flags. ``chunk`` must be a whole number of tiles. Both launches go through
+    :func:`fideval.score.triton_launch.launch`: Triton's JIT on the first call for a shape, alignment and
+    configuration, the compiled kernel's own runner after that. Measured on H200s: see bench/RESULTS.md.
 
     ``stream=0`` gives the earlier kernels (bench variants): the compact kernel (chunk 8,192 on 8 warps was its
     best), ``rank_in_combine`` (the top-k rank inside the combine: no gain measured), ``compact=0`` the first
@@ -588,30 +592,36 @@ def score_rows(ref: torch.Tensor, cand: torch.Tensor, targets: torch.Tensor, *, 
     if num_warps is None:
         num_warps = 1 if stream else 8
     nch = triton.cdiv(vocab, chunk)
-    t = targets.to(device=dev, dtype=torch.int64).contiguous()
-    pf = torch.empty((n * nch, NPF), dtype=torch.float64, device=dev)
-    figs = torch.empty((n, 7), dtype=torch.float64, device=dev)
     if stream:  # the streaming partials kernel (a segment of ``chunk`` tokens per program), then the row outputs
-        flags = torch.empty((n, 4), dtype=torch.bool, device=dev)
-        bad = torch.empty((n,), dtype=torch.bool, device=dev)
+        g = tile_rows * 32 * vec * num_warps  # tokens a tile: the rank pass's unit
+        if n and chunk % g:
+            raise ValueError(f"the streaming kernel's segments are whole tiles: chunk {chunk} is not a "
+                             f"multiple of {g}")
+        # only what the first kernel needs comes before its launch: the GPU idles until then
+        pf = torch.empty((n * nch, NPF), dtype=torch.float64, device=dev)
         if n:
             tab, log2n = exp_table(fast_exp, dev, bool(xadd)), _TAB_LOG2N[fast_exp]
-            g = tile_rows * 32 * vec * num_warps  # tokens a tile: the rank pass's unit
-            if chunk % g:
-                raise ValueError(f"the streaming kernel's segments are whole tiles: chunk {chunk} is not a "
-                                 f"multiple of {g}")
             tm = torch.empty((n * (vocab // g),), dtype=torch.float32, device=dev)
-            _LAST[0] = triton_stream._partials_stream[(n * nch,)](
+            _LAST[0] = triton_launch.launch(
+                triton_stream._partials_stream, (n * nch,),
                 ref, cand, ref.stride(0), cand.stride(0), vocab, nch, pf, tm, tab, *_EXPK.get(fast_exp, _EXP256),
                 SEG=chunk, R=tile_rows,
                 W=32 * vec * num_warps, LOG2N=log2n, ASM=int(asm), NS=stages, RED=int(red), UNR=int(unroll),
                 CARG=int(bool(carg) and fast_exp in _EXPK), TABX=int(bool(xadd)),
-                num_warps=num_warps,
+                PAIR=int(bool(pair)), num_warps=num_warps,
                 **({"maxnreg": maxnreg} if maxnreg else {}))
-            triton_stream._post[(n,)](pf, tm, ref, cand, ref.stride(0), cand.stride(0), t, vocab, nch, figs,
-                                      flags.view(torch.int8), bad.view(torch.int8), SEG=chunk,
-                                      NCH_P2=triton.next_power_of_2(nch), G=g, TB=1024, num_warps=post_warps)
-        return figs, flags, bad
+        t = targets.to(device=dev, dtype=torch.int64).contiguous()
+        figs = torch.empty((n, 7), dtype=torch.float64, device=dev)
+        flags = torch.empty((n, 4), dtype=torch.int8, device=dev)
+        bad = torch.empty((n,), dtype=torch.int8, device=dev)
+        if n:
+            triton_launch.launch(triton_stream._post, (n,), pf, tm, ref, cand, ref.stride(0), cand.stride(0), t,
+                                 vocab, nch, figs, flags, bad, SEG=chunk, NCH_P2=triton.next_power_of_2(nch), G=g,
+                                 TB=1024, num_warps=post_warps)
+        return figs, flags.view(torch.bool), bad.view(torch.bool)
+    t = targets.to(device=dev, dtype=torch.int64).contiguous()
+    pf = torch.empty((n * nch, NPF), dtype=torch.float64, device=dev)
+    figs = torch.empty((n, 7), dtype=torch.float64, device=dev)
     pk = torch.empty((n * nch,), dtype=torch.int32, device=dev)
     outi = torch.empty((n, 3), dtype=torch.int32, device=dev)
     bia = torch.empty((n, 2), dtype=torch.int64, device=dev)

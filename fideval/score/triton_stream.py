@@ -13,7 +13,7 @@ Compute on an H200 showed what the streaming shape is then up against: no pipe i
 * **A tile at a time, the next one in flight.** ``R`` rows of ``W = 32 * vec`` tokens a tile; tile i + 1's
   loads are issued before tile i is reduced (``NS`` 0: a register prefetch, two tiles a loop trip (``UNR``) so
   that no registers are copied between trips; ``NS`` >= 2: Triton's asynchronous-copy pipeline, which feeds a
-  no-exp probe at 78 % of copy bandwidth but costs registers with the exps in: slower). 80 registers.
+  no-exp probe at 78 % of copy bandwidth but costs registers with the exps in: slower).
 * **Shifts are running maxima.** Before a tile's exps the program raises its shifts to the tile's maxima and,
   only when one grows (a uniform branch, a few times a segment), moves the sums to the new shift
   (:func:`_shift_to`). Every term is taken at or below its shift, so the rescaling adds numbers of one sign;
@@ -32,6 +32,11 @@ Compute on an H200 showed what the streaming shape is then up against: no pipe i
   table entry before the polynomial (:func:`_tab_word`: one integer instruction where it took two); ``CARG``:
   the constants as float64 kernel arguments (constant-bank operands, where literals were moved into
   registers on every loop trip: 96 registers without).
+* **One accumulator set a lane** (``PAIR``, the default since 2026-12-04): a lane's two tokens of a tile row
+  are split (:func:`_halves`, a register view) and added one after the other into one set of [W / 2] sums
+  and minima, where each token had its own set (reduced across at the segment's end). ptxas gives it 96
+  registers against 80, yet its partials kernel took 656 us against 700 in the same timeline; the summation
+  order differs, so its bits differ from ``PAIR`` 0 (both within 3.4e-13 of numpy float64).
 * **What it writes.** The compact kernel's partials (``ma, mb, Sa, Sb, X, Y, E, flags`` per segment, relative
   to the segment maxima; the argmax within the segment in the flags word) and the candidate's maximum over
   every tile.
@@ -42,15 +47,17 @@ output, so ten tiles whose candidate maximum exceeds ``b[i]`` settle it unread, 
 that reach ``b[i]`` are read (one or two for a candidate close to its reference): 19 us a call where the
 combine and the chunk-scanning rank took ~90, and an unrelated candidate no longer costs a re-read.
 
-Measured (bench/RESULTS.md, 2026-12-03, H200, 2,047 rows at vocab 129,280, medians of round-robin rounds):
-session 7's default (N 1,024, degree 3, exponent on the table entry) at 66.4 % of copy bandwidth in its last
-run against 60.9 % for session 6's in the same run (single rounds of one configuration spread over up to 6
-points), 15.4x torch float64; SASS: 380 instructions per two tiles, 176 of them float64, where there were 415
-and 192. Largest difference from the numpy float64 reference 2.1e-13. The 75 % goal is not met: Nsight
-Compute puts the issue slots at 63 % with 5.7 warps a scheduler (80 registers), fixed-latency (float64
-chain) waits the largest stall, then the table gather (25 L1 tag lookups per gather instruction). A
-shared-memory table, Estrin's polynomial order and a clamped exponent in place of the minima were measured
-and dropped (see RESULTS.md).
+Measured (bench/RESULTS.md, H200, 2,047 rows at vocab 129,280, medians of round-robin rounds; single rounds
+of one configuration spread over up to 6 points, and the same kernel ran 12 % slower in one run than minutes
+before). 2026-12-04, session 8: ``PAIR`` 1 at 61.1 / 63.3 % of copy bandwidth against 55.9 / 60.0 % for
+``PAIR`` 0 in the same runs, and 62.9 against 61.9 % in the final run (14.6x torch float64); its partials
+kernel 656 us + _post 19.6 us back to back, i.e. 73 % of copy for the kernels alone: the rest of a single call is the
+host's launch work and a first call after an idle GPU (895-1,040 us where the next ones take 681).
+Largest difference from the numpy float64 reference 3.3e-13. The 75 % goal is not met: Nsight Compute (657 us
+at 1.88 GHz) puts DRAM at 67 %, warp stalls on float64 dependencies (wait 28 %), loads (long scoreboard 16 %)
+and the FP64 pipe (15 %); 22 float64 instructions a token make a floor of ~350 us, issue ~400 us. Tried and
+dropped: an L2 prefetch of the tile 2-16 tiles ahead (64.2-52.5 % against 64.6 %), more warps a scheduler by a
+register cap (64: 58.4 %, 72: 60.5-61.9 %).
 """
 
 from __future__ import annotations
@@ -349,7 +356,7 @@ def _nanmin2(a1, b1, a2, b2):
 
 @triton.jit
 def _tile_update(a0, b0, a1, b1, o0, st, ptm, TAB, KC, R: tl.constexpr, W: tl.constexpr, LOG2N: tl.constexpr,
-                 ASM: tl.constexpr, RED: tl.constexpr, TABX: tl.constexpr):
+                 ASM: tl.constexpr, RED: tl.constexpr, TABX: tl.constexpr, PAIR: tl.constexpr):
     """One tile (rows ``a0``/``b0`` at offsets ``o0`` and, when R == 2, ``a1``/``b1`` right after them): raise
     the shifts to the tile's maxima first (a uniform branch: the sums move only when a maximum grows), then
     add the tile's terms. ``st`` is the segment's state: maxima, shifts, minima, sums, argmax. The candidate's
@@ -357,7 +364,18 @@ def _tile_update(a0, b0, a1, b1, o0, st, ptm, TAB, KC, R: tl.constexpr, W: tl.co
     ma32, mb32, sa, sb, mn_a, mn_b, acc, ia = st
     ta, tb = _tile_max(a0, b0, a1, b1, R, RED)
     tl.store(ptm, tb)
-    if R == 2:
+    if PAIR:  # each lane's two tokens of a row as two [W / 2] halves, into one set of accumulators
+        a0l, a0h = _halves(a0)
+        b0l, b0h = _halves(b0)
+        if R == 2:
+            a1l, a1h = _halves(a1)
+            b1l, b1h = _halves(b1)
+            mn_a = _nanmin(mn_a, _nanmin(_nanmin(a0l, a0h), _nanmin(a1l, a1h)))
+            mn_b = _nanmin(mn_b, _nanmin(_nanmin(b0l, b0h), _nanmin(b1l, b1h)))
+        else:
+            mn_a = _nanmin(mn_a, _nanmin(a0l, a0h))
+            mn_b = _nanmin(mn_b, _nanmin(b0l, b0h))
+    elif R == 2:
         mn_a = _nanmin(mn_a, _nanmin(a0, a1))
         mn_b = _nanmin(mn_b, _nanmin(b0, b1))
     else:
@@ -365,15 +383,29 @@ def _tile_update(a0, b0, a1, b1, o0, st, ptm, TAB, KC, R: tl.constexpr, W: tl.co
         mn_b = _nanmin(mn_b, b0)
     ma32, mb32, sa, sb, acc, ia = _raise_shifts(ma32, mb32, ta, tb, sa, sb, acc, ia, a0, a1, o0, TAB, KC, R, W,
                                                 LOG2N, ASM, TABX)
-    acc = _fast_tile(a0, b0, sa, sb, o0, acc, TAB, KC, LOG2N, ASM, False, TABX)
-    if R == 2:
-        acc = _fast_tile(a1, b1, sa, sb, o0, acc, TAB, KC, LOG2N, ASM, False, TABX)
+    if PAIR:
+        acc = _fast_tile(a0l, b0l, sa, sb, o0, acc, TAB, KC, LOG2N, ASM, False, TABX)
+        acc = _fast_tile(a0h, b0h, sa, sb, o0, acc, TAB, KC, LOG2N, ASM, False, TABX)
+        if R == 2:
+            acc = _fast_tile(a1l, b1l, sa, sb, o0, acc, TAB, KC, LOG2N, ASM, False, TABX)
+            acc = _fast_tile(a1h, b1h, sa, sb, o0, acc, TAB, KC, LOG2N, ASM, False, TABX)
+    else:
+        acc = _fast_tile(a0, b0, sa, sb, o0, acc, TAB, KC, LOG2N, ASM, False, TABX)
+        if R == 2:
+            acc = _fast_tile(a1, b1, sa, sb, o0, acc, TAB, KC, LOG2N, ASM, False, TABX)
     return ma32, mb32, sa, sb, mn_a, mn_b, acc, ia
 
 
 @triton.jit
+def _halves(x):
+    """A [W] tile of two tokens a lane as its lanes' first and second tokens: two [W / 2] tensors, no data
+    moved."""
+    return tl.split(tl.reshape(x, [x.shape[0] // 2, 2]))
+
+
+@triton.jit
 def _segment(pa, pb, ptm, n, TAB, KC, R: tl.constexpr, W: tl.constexpr, LOG2N: tl.constexpr, ASM: tl.constexpr,
-             NS: tl.constexpr, RED: tl.constexpr, UNR: tl.constexpr, TABX: tl.constexpr):
+             NS: tl.constexpr, RED: tl.constexpr, UNR: tl.constexpr, TABX: tl.constexpr, PAIR: tl.constexpr):
     """The compact partials of the ``n`` tokens at ``pa``/``pb`` (``n`` a constexpr or a launch argument, never
     a program-dependent value: loop bounds stay scalar for the compiler and for Triton's interpreter), and the
     first index of the reference maximum. Where the unguarded sums cannot stand (-inf, NaN/+inf, a spread
@@ -384,8 +416,9 @@ def _segment(pa, pb, ptm, n, TAB, KC, R: tl.constexpr, W: tl.constexpr, LOG2N: t
     # the shifts: running maxima, raised (and the sums moved) before a tile that exceeds them
     ma32 = tl.load(pa)
     mb32 = tl.load(pb)
-    z = tl.zeros([W], tl.float64)
-    mn = tl.full([W], float("inf"), tl.float32)
+    WA: tl.constexpr = W // 2 if PAIR else W  # the accumulators' width
+    z = tl.zeros([WA], tl.float64)
+    mn = tl.full([WA], float("inf"), tl.float32)
     st = (ma32, mb32, ma32.to(tl.float64), mb32.to(tl.float64), mn, mn, (z, z, z, z, z),
           tl.full((), 0, tl.int32))
     nfull = n // RW
@@ -412,7 +445,8 @@ def _segment(pa, pb, ptm, n, TAB, KC, R: tl.constexpr, W: tl.constexpr, LOG2N: t
                 else:
                     a1m = a0m
                     b1m = b0m
-                st = _tile_update(a0n, b0n, a1n, b1n, o - RW, st, ptm + 2 * i, TAB, KC, R, W, LOG2N, ASM, RED, TABX)
+                st = _tile_update(a0n, b0n, a1n, b1n, o - RW, st, ptm + 2 * i,
+                                  TAB, KC, R, W, LOG2N, ASM, RED, TABX, PAIR)
                 more = 2 * i + 2 < nfull
                 a0n = tl.load(pa + o + RW, mask=more)
                 b0n = tl.load(pb + o + RW, mask=more)
@@ -422,10 +456,11 @@ def _segment(pa, pb, ptm, n, TAB, KC, R: tl.constexpr, W: tl.constexpr, LOG2N: t
                 else:
                     a1n = a0n
                     b1n = b0n
-                st = _tile_update(a0m, b0m, a1m, b1m, o, st, ptm + 2 * i + 1, TAB, KC, R, W, LOG2N, ASM, RED, TABX)
+                st = _tile_update(a0m, b0m, a1m, b1m, o, st, ptm + 2 * i + 1,
+                                  TAB, KC, R, W, LOG2N, ASM, RED, TABX, PAIR)
             if nfull % 2 == 1:
                 st = _tile_update(a0n, b0n, a1n, b1n, (nfull - 1) * RW + w, st, ptm + nfull - 1,
-                                  TAB, KC, R, W, LOG2N, ASM, RED, TABX)
+                                  TAB, KC, R, W, LOG2N, ASM, RED, TABX, PAIR)
         else:
             for i in range(0, nfull):
                 a0, b0, a1, b1 = a0n, b0n, a1n, b1n
@@ -439,7 +474,8 @@ def _segment(pa, pb, ptm, n, TAB, KC, R: tl.constexpr, W: tl.constexpr, LOG2N: t
                 else:
                     a1n = a0n
                     b1n = b0n
-                st = _tile_update(a0, b0, a1, b1, o - RW, st, ptm + i, TAB, KC, R, W, LOG2N, ASM, RED, TABX)
+                st = _tile_update(a0, b0, a1, b1, o - RW, st, ptm + i,
+                                  TAB, KC, R, W, LOG2N, ASM, RED, TABX, PAIR)
     else:
         # Triton's pipeliner: NS - 1 tiles in flight as asynchronous copies into shared memory
         for i in tl.range(0, nfull, num_stages=NS):
@@ -452,7 +488,7 @@ def _segment(pa, pb, ptm, n, TAB, KC, R: tl.constexpr, W: tl.constexpr, LOG2N: t
             else:
                 a1 = a0
                 b1 = b0
-            st = _tile_update(a0, b0, a1, b1, o, st, ptm + i, TAB, KC, R, W, LOG2N, ASM, RED, TABX)
+            st = _tile_update(a0, b0, a1, b1, o, st, ptm + i, TAB, KC, R, W, LOG2N, ASM, RED, TABX, PAIR)
     ma32, mb32, sa, sb, mn_a, mn_b, acc, ia = st
     for o0 in range(nfull * RW, n, W):  # the ragged end: masked lanes leave the extrema alone and add 0
         o = o0 + w
@@ -460,11 +496,22 @@ def _segment(pa, pb, ptm, n, TAB, KC, R: tl.constexpr, W: tl.constexpr, LOG2N: t
         a = tl.load(pa + o, mask=m, other=float("-inf"))
         b = tl.load(pb + o, mask=m, other=float("-inf"))
         ta, tb = tl.reduce((a, b), 0, _nanmax2)
-        mn_a = _nanmin(mn_a, tl.where(m, a, float("inf")))
-        mn_b = _nanmin(mn_b, tl.where(m, b, float("inf")))
         ma32, mb32, sa, sb, acc, ia = _raise_shifts(ma32, mb32, ta, tb, sa, sb, acc, ia, a, a, o, TAB, KC, 1, W,
                                                     LOG2N, ASM, TABX)
-        acc = _fast_tile(tl.where(m, a, 0.0), tl.where(m, b, 0.0), sa, sb, m, acc, TAB, KC, LOG2N, ASM, True, TABX)
+        a = tl.where(m, a, 0.0)
+        b = tl.where(m, b, 0.0)
+        if PAIR:
+            ml, mh = _halves(m)
+            al, ah = _halves(a)
+            bl, bh = _halves(b)
+            mn_a = _nanmin(mn_a, _nanmin(tl.where(ml, al, float("inf")), tl.where(mh, ah, float("inf"))))
+            mn_b = _nanmin(mn_b, _nanmin(tl.where(ml, bl, float("inf")), tl.where(mh, bh, float("inf"))))
+            acc = _fast_tile(al, bl, sa, sb, ml, acc, TAB, KC, LOG2N, ASM, True, TABX)
+            acc = _fast_tile(ah, bh, sa, sb, mh, acc, TAB, KC, LOG2N, ASM, True, TABX)
+        else:
+            mn_a = _nanmin(mn_a, tl.where(m, a, float("inf")))
+            mn_b = _nanmin(mn_b, tl.where(m, b, float("inf")))
+            acc = _fast_tile(a, b, sa, sb, m, acc, TAB, KC, LOG2N, ASM, True, TABX)
     ma = ma32.to(tl.float64)
     mb = mb32.to(tl.float64)
     s_a, s_b, x_, y_, e_ = tl.reduce(acc, 0, _add5)
@@ -508,7 +555,7 @@ def guarded_segment(pa, pb, n, ma, mb, TAB, W: tl.constexpr, LOG2N: tl.constexpr
 def _partials_stream(A, B, stride_a, stride_b, V, NCH, PF, TM, TAB, KINV: tl.float64, KNHI: tl.float64,
                      KC4: tl.float64, KC3: tl.float64, SEG: tl.constexpr, R: tl.constexpr, W: tl.constexpr,
                      LOG2N: tl.constexpr, ASM: tl.constexpr, NS: tl.constexpr, RED: tl.constexpr, UNR: tl.constexpr,
-                     CARG: tl.constexpr, TABX: tl.constexpr):
+                     CARG: tl.constexpr, TABX: tl.constexpr, PAIR: tl.constexpr):
     """One (row, segment of SEG tokens) per program, in tiles of R x [W] tokens: the compact partials (the
     segment's argmax in the flags word: ``flags | index << 4``, the index within the segment), redone with
     :func:`guarded_segment` where flag bit 3 says the unguarded sums cannot stand (-inf, NaN/+inf, a spread
@@ -531,10 +578,10 @@ def _partials_stream(A, B, stride_a, stride_b, V, NCH, PF, TM, TAB, KINV: tl.flo
         KC = None
     if seg == NCH - 1:
         ma, mb, s_a, s_b, x_, y_, e_, flags, ia = _segment(pa, pb, ptm, V - (NCH - 1) * SEG, TAB, KC, R, W,
-                                                           LOG2N, ASM, NS, RED, UNR, TABX)
+                                                           LOG2N, ASM, NS, RED, UNR, TABX, PAIR)
     else:
         ma, mb, s_a, s_b, x_, y_, e_, flags, ia = _segment(pa, pb, ptm, SEG, TAB, KC, R, W, LOG2N, ASM, NS, RED,
-                                                           UNR, TABX)
+                                                           UNR, TABX, PAIR)
     if (flags & 8) != 0:
         s_a, s_b, x_, y_, e_, fl = guarded_segment(pa, pb, tl.minimum(V - seg * SEG, SEG), ma, mb, TAB, 32,
                                                    LOG2N, TABX)
