@@ -459,6 +459,18 @@ def test_relaunch_through_the_compiled_kernel_keeps_its_specialisation():
     assert len(triton_launch._CACHE) == cached
     for x, y in zip(first, again):
         assert torch.equal(x, y)
+    from triton import knobs  # a launch hook (a profiler's): relaunches go through Triton's runner, which calls it
+
+    seen = []
+    hook = lambda meta: seen.append(meta.get()["name"])  # noqa: E731
+    knobs.runtime.launch_enter_hook.add(hook)
+    try:
+        hooked = triton_kernel.score_rows(ta, tb, tt)
+    finally:
+        knobs.runtime.launch_enter_hook.remove(hook)
+    assert seen == ["_partials_stream", "_post"]
+    for x, y in zip(first, hooked):
+        assert torch.equal(x, y)
     pa = torch.from_numpy(np.pad(a, ((0, 0), (1, 0)))).cuda()[:, 1:]  # stride 20,004, address + 4 bytes
     pb = torch.from_numpy(np.pad(b, ((0, 0), (1, 0)))).cuda()[:, 1:]
     assert pa.data_ptr() % 16 == 4

@@ -524,7 +524,7 @@ def exp_table(variant: int, device, xadd: bool = False) -> torch.Tensor:
     variants that use none. ``xadd``: each entry's bits lowered by ``j << (52 - log2 N)`` (its high word by
     ``j << (20 - log2 N)``: a normal float64 in [0.5, 1)), for the streaming kernel's exponent add on the
     table entry (``triton_stream._tab_word``)."""
-    key = (variant, str(device), bool(xadd))
+    key = (variant, device if isinstance(device, torch.device) else torch.device(device), bool(xadd))
     if key not in _TABLES:
         log2n = _TAB_LOG2N.get(variant, 0)
         from decimal import Decimal, localcontext
