@@ -69,7 +69,7 @@ def main() -> None:
                     help="timings of each configuration, round-robin; the median is the figure")
     ap.add_argument("--back-to-back", type=int, default=10, help="calls per timing for the back-to-back rows")
     ap.add_argument("--profile", action="store_true", help="also print each kernel's time for the best configuration")
-    ap.add_argument("--configs", default="default,fast_exp=4/xadd=0,fast_exp=10,stream=0",
+    ap.add_argument("--configs", default="default,pair=0,fast_exp=10,stream=0",
                     help="'default' (score_rows' defaults), key=value/key=value, or chunk:num_warps:exp[:lean[:cvt[:ldc...]]] (see parse_config; exp 0 = libdevice, 1 = FMA Taylor, 2 = select-tree "
                     "table + FMA, 3 = degree-10 + exponent bits, 4/5/6 = gathered 2**(j/N) table with N 256/64/2048; "
                     "lean G >= 1 = the lean partials kernel, G chunks per program; cvt 1 = float32->float64 by integer "
@@ -176,9 +176,14 @@ def main() -> None:
                 triton_kernel.score_rows(a, b, t, **kw)
             torch.cuda.synchronize()
         print(f"kernels of {best[0]} (5 calls; us per call):")
+        total = 0.0
         for ev in sorted(prof.key_averages(), key=lambda e: -e.device_time_total):
             if ev.device_time_total > 0:
+                total += ev.device_time_total / 5
                 print(f"  {ev.key[:60]:60s} {ev.device_time_total / 5:10.1f} us  x{ev.count // 5}")
+        # the kernels' own time, without the host's launch work or gaps: what a call could reach at best
+        print(f"  kernels alone {total:.1f} us a call = {100 * n / ceiling / (total / 1e6):.1f} % of copy "
+              "(not the figure: a call also waits for its launches)")
     if args.json:
         with open(args.json, "w") as f:
             json.dump({"device": torch.cuda.get_device_name(dev), "rows": n, "vocab": V, "copy_gbs": copy_gbs,
