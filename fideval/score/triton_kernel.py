@@ -563,7 +563,7 @@ def score_rows(ref: torch.Tensor, cand: torch.Tensor, targets: torch.Tensor, *, 
     :func:`~fideval.score.triton_stream._post` (``post_warps`` warps a row) for the combine, the rank and the
     flags. ``chunk`` must be a whole number of tiles. Both launches go through
     :func:`fideval.score.triton_launch.launch`: Triton's JIT on the first call for a shape, alignment and
-    configuration, the compiled kernel's own runner after that. Measured on H200s: see bench/RESULTS.md.
+    configuration, the compiled kernel's launcher after that. Measured on H200s: see bench/RESULTS.md.
 
     ``stream=0`` gives the earlier kernels (bench variants): the compact kernel (chunk 8,192 on 8 warps was its
     best), ``rank_in_combine`` (the top-k rank inside the combine: no gain measured), ``compact=0`` the first
