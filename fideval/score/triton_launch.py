@@ -41,6 +41,8 @@ def launch(fn, grid: tuple, *args, **kwargs):
     ``kwargs``: constexprs and launch options (``num_warps``...), never tensors. Returns the compiled kernel.
 
     With a launch hook set (a profiler such as Proton), every launch goes through Triton's own runner."""
+    if knobs.runtime.interpret:  # TRITON_INTERPRET: no driver, no compiled kernel to keep
+        return fn[grid](*args, **kwargs)
     dev = driver.active.get_current_device()  # Triton compiles and loads a kernel per current device
     key = (fn, dev, tuple(kwargs.items()), *map(_spec, args))
     hit = _CACHE.get(key) if ENABLED else None
@@ -48,7 +50,7 @@ def launch(fn, grid: tuple, *args, **kwargs):
         if any(isinstance(v, torch.Tensor) for v in kwargs.values()):
             raise TypeError("triton_launch.launch: pass tensors positionally, not as keywords")
         kernel = fn[grid](*args, **kwargs)
-        if kernel is not None:  # None under TRITON_INTERPRET
+        if kernel is not None:
             tail = tuple(kwargs[p.name] if p.name in kwargs else p.default for p in fn.params[len(args):])
             _CACHE[key] = (kernel, tail)
         return kernel

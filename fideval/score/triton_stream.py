@@ -50,9 +50,10 @@ combine and the chunk-scanning rank took ~90, and an unrelated candidate no long
 Measured (bench/RESULTS.md, H200, 2,047 rows at vocab 129,280, medians of round-robin rounds; single rounds
 of one configuration spread over up to 6 points, and the same kernel ran 12 % slower in one run than minutes
 before). 2026-12-04, session 8: ``PAIR`` 1 at 61.1 / 63.3 % of copy bandwidth against 55.9 / 60.0 % for
-``PAIR`` 0 in the same runs, and 62.9 against 61.9 % in the final run (14.6x torch float64); its partials
-kernel 656 us + _post 19.6 us back to back, i.e. 73 % of copy for the kernels alone: the rest of a single call is the
-host's launch work and a first call after an idle GPU (895-1,040 us where the next ones take 681).
+``PAIR`` 0 in the same runs, and 67.0 against 62.4 % in the final run (15.4x torch float64); its partials
+kernel 656 us + _post 19.6 us back to back, i.e. 73 % of copy for the kernels alone: the rest of a single
+call is the host's launch work (less since triton_launch) and, for a first call after an idle GPU, more
+(895-1,040 us where the next ones take 681).
 Largest difference from the numpy float64 reference 3.3e-13. The 75 % goal is not met: Nsight Compute (657 us
 at 1.88 GHz) puts DRAM at 67 %, warp stalls on float64 dependencies (wait 28 %), loads (long scoreboard 16 %)
 and the FP64 pipe (15 %); 22 float64 instructions a token make a floor of ~350 us, issue ~400 us. Tried and
@@ -364,35 +365,17 @@ def _tile_update(a0, b0, a1, b1, o0, st, ptm, TAB, KC, R: tl.constexpr, W: tl.co
     ma32, mb32, sa, sb, mn_a, mn_b, acc, ia = st
     ta, tb = _tile_max(a0, b0, a1, b1, R, RED)
     tl.store(ptm, tb)
-    if PAIR:  # each lane's two tokens of a row as two [W / 2] halves, into one set of accumulators
-        a0l, a0h = _halves(a0)
-        b0l, b0h = _halves(b0)
-        if R == 2:
-            a1l, a1h = _halves(a1)
-            b1l, b1h = _halves(b1)
-            mn_a = _nanmin(mn_a, _nanmin(_nanmin(a0l, a0h), _nanmin(a1l, a1h)))
-            mn_b = _nanmin(mn_b, _nanmin(_nanmin(b0l, b0h), _nanmin(b1l, b1h)))
-        else:
-            mn_a = _nanmin(mn_a, _nanmin(a0l, a0h))
-            mn_b = _nanmin(mn_b, _nanmin(b0l, b0h))
-    elif R == 2:
-        mn_a = _nanmin(mn_a, _nanmin(a0, a1))
-        mn_b = _nanmin(mn_b, _nanmin(b0, b1))
+    if R == 2:
+        mn_a = _nanmin(mn_a, _nanmin(_lane_min(a0, PAIR), _lane_min(a1, PAIR)))
+        mn_b = _nanmin(mn_b, _nanmin(_lane_min(b0, PAIR), _lane_min(b1, PAIR)))
     else:
-        mn_a = _nanmin(mn_a, a0)
-        mn_b = _nanmin(mn_b, b0)
+        mn_a = _nanmin(mn_a, _lane_min(a0, PAIR))
+        mn_b = _nanmin(mn_b, _lane_min(b0, PAIR))
     ma32, mb32, sa, sb, acc, ia = _raise_shifts(ma32, mb32, ta, tb, sa, sb, acc, ia, a0, a1, o0, TAB, KC, R, W,
                                                 LOG2N, ASM, TABX)
-    if PAIR:
-        acc = _fast_tile(a0l, b0l, sa, sb, o0, acc, TAB, KC, LOG2N, ASM, False, TABX)
-        acc = _fast_tile(a0h, b0h, sa, sb, o0, acc, TAB, KC, LOG2N, ASM, False, TABX)
-        if R == 2:
-            acc = _fast_tile(a1l, b1l, sa, sb, o0, acc, TAB, KC, LOG2N, ASM, False, TABX)
-            acc = _fast_tile(a1h, b1h, sa, sb, o0, acc, TAB, KC, LOG2N, ASM, False, TABX)
-    else:
-        acc = _fast_tile(a0, b0, sa, sb, o0, acc, TAB, KC, LOG2N, ASM, False, TABX)
-        if R == 2:
-            acc = _fast_tile(a1, b1, sa, sb, o0, acc, TAB, KC, LOG2N, ASM, False, TABX)
+    acc = _add_tile(a0, b0, sa, sb, o0, acc, TAB, KC, LOG2N, ASM, False, TABX, PAIR)
+    if R == 2:
+        acc = _add_tile(a1, b1, sa, sb, o0, acc, TAB, KC, LOG2N, ASM, False, TABX, PAIR)
     return ma32, mb32, sa, sb, mn_a, mn_b, acc, ia
 
 
@@ -401,6 +384,35 @@ def _halves(x):
     """A [W] tile of two tokens a lane as its lanes' first and second tokens: two [W / 2] tensors, no data
     moved."""
     return tl.split(tl.reshape(x, [x.shape[0] // 2, 2]))
+
+
+@triton.jit
+def _lane_min(x, PAIR: tl.constexpr):
+    """``x`` in the minima's width: with ``PAIR``, the (NaN-propagating) minimum of each lane's two tokens."""
+    if PAIR:
+        lo, hi = _halves(x)
+        x = _nanmin(lo, hi)
+    return x
+
+
+@triton.jit
+def _add_tile(a, b, sa, sb, m, acc, TAB, KC, LOG2N: tl.constexpr, ASM: tl.constexpr, MASKED: tl.constexpr,
+              TABX: tl.constexpr, PAIR: tl.constexpr):
+    """:func:`_fast_tile` into the accumulators' width: with ``PAIR``, each lane's first tokens, then its
+    second ones (mask ``m`` split alike)."""
+    if PAIR:
+        al, ah = _halves(a)
+        bl, bh = _halves(b)
+        if MASKED:
+            ml, mh = _halves(m)
+        else:
+            ml = m
+            mh = m
+        acc = _fast_tile(al, bl, sa, sb, ml, acc, TAB, KC, LOG2N, ASM, MASKED, TABX)
+        acc = _fast_tile(ah, bh, sa, sb, mh, acc, TAB, KC, LOG2N, ASM, MASKED, TABX)
+    else:
+        acc = _fast_tile(a, b, sa, sb, m, acc, TAB, KC, LOG2N, ASM, MASKED, TABX)
+    return acc
 
 
 @triton.jit
@@ -498,20 +510,10 @@ def _segment(pa, pb, ptm, n, TAB, KC, R: tl.constexpr, W: tl.constexpr, LOG2N: t
         ta, tb = tl.reduce((a, b), 0, _nanmax2)
         ma32, mb32, sa, sb, acc, ia = _raise_shifts(ma32, mb32, ta, tb, sa, sb, acc, ia, a, a, o, TAB, KC, 1, W,
                                                     LOG2N, ASM, TABX)
-        a = tl.where(m, a, 0.0)
-        b = tl.where(m, b, 0.0)
-        if PAIR:
-            ml, mh = _halves(m)
-            al, ah = _halves(a)
-            bl, bh = _halves(b)
-            mn_a = _nanmin(mn_a, _nanmin(tl.where(ml, al, float("inf")), tl.where(mh, ah, float("inf"))))
-            mn_b = _nanmin(mn_b, _nanmin(tl.where(ml, bl, float("inf")), tl.where(mh, bh, float("inf"))))
-            acc = _fast_tile(al, bl, sa, sb, ml, acc, TAB, KC, LOG2N, ASM, True, TABX)
-            acc = _fast_tile(ah, bh, sa, sb, mh, acc, TAB, KC, LOG2N, ASM, True, TABX)
-        else:
-            mn_a = _nanmin(mn_a, tl.where(m, a, float("inf")))
-            mn_b = _nanmin(mn_b, tl.where(m, b, float("inf")))
-            acc = _fast_tile(a, b, sa, sb, m, acc, TAB, KC, LOG2N, ASM, True, TABX)
+        mn_a = _nanmin(mn_a, _lane_min(tl.where(m, a, float("inf")), PAIR))
+        mn_b = _nanmin(mn_b, _lane_min(tl.where(m, b, float("inf")), PAIR))
+        acc = _add_tile(tl.where(m, a, 0.0), tl.where(m, b, 0.0), sa, sb, m, acc, TAB, KC, LOG2N, ASM, True, TABX,
+                        PAIR)
     ma = ma32.to(tl.float64)
     mb = mb32.to(tl.float64)
     s_a, s_b, x_, y_, e_ = tl.reduce(acc, 0, _add5)
