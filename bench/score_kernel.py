@@ -4,7 +4,10 @@ Prints ONE table: rows/s of (a) the fused Triton kernel (every configuration tri
 figure), (b) plain torch float64 log_softmax + sum, (c) the device's copy bandwidth measured in the same run
 as the ceiling (a scorer must read 2 x rows x vocab x 4 bytes; copy GB/s counts bytes read + written), and
 the largest relative difference of (a) against the numpy float64 reference on sampled rows (the metric of
-``fideval.score.metrics.max_rel_diff``, the same one the CPU check enforces).
+``fideval.score.metrics.max_rel_diff``, the same one the CPU check enforces). The sustained rows run the copy
+and the best configuration for ``--sustained`` seconds on end and note the SM clock, board power and throttle
+reasons nvidia-smi reports meanwhile: on an H200 the float64 scorer meets the board's power cap (throttle
+reason 0x4, SW power cap), and the SM clock drops below the copy's.
 
     PYTHONPATH=. python3 bench/score_kernel.py [--rows 2047] [--vocab 129280] [--json out.json]
 """
@@ -24,7 +27,7 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 from fideval.score import reference, triton_kernel  # noqa: E402
 from fideval.score.metrics import max_rel_diff  # noqa: E402
-from cuda_timing import timed  # noqa: E402  (bench/, beside this file)
+from cuda_timing import clock_note, sustained, timed  # noqa: E402  (bench/, beside this file)
 
 
 KEYS = ("chunk", "num_warps", "fast_exp", "lean", "cvt", "ldc", "compact", "combine_warps", "rank_in_combine",
@@ -69,6 +72,9 @@ def main() -> None:
                     help="timings of each configuration, round-robin; the median is the figure")
     ap.add_argument("--back-to-back", type=int, default=10, help="calls per timing for the back-to-back rows")
     ap.add_argument("--profile", action="store_true", help="also print each kernel's time for the best configuration")
+    ap.add_argument("--sustained", type=float, default=2.0,
+                    help="seconds of back-to-back calls for the sustained rows (copy and the best configuration), "
+                         "with the SM clock and board power sampled by nvidia-smi; 0: none")
     ap.add_argument("--configs", default="default,pair=0,fast_exp=10,stream=0",
                     help="'default' (score_rows' defaults), key=value/key=value, or chunk:num_warps:exp[:lean[:cvt[:ldc...]]] (see parse_config; exp 0 = libdevice, 1 = FMA Taylor, 2 = select-tree "
                     "table + FMA, 3 = degree-10 + exponent bits, 4/5/6 = gathered 2**(j/N) table with N 256/64/2048; "
@@ -94,6 +100,8 @@ def main() -> None:
     # the same, K calls back to back inside one timing (a stream of shards): the per-call launch gap hidden
     t_copy_k = timed(lambda: [dst.copy_(src) for _ in range(args.back_to_back)], args.reps) / args.back_to_back
     ceiling_k = 2 * src.numel() * 4 / t_copy_k / (2 * V * 4)
+    # the same for seconds on end, with the clock it runs at: the ceiling of a long scoring run
+    copy_s = sustained(lambda: dst.copy_(src), args.sustained) if args.sustained > 0 else None
     del src, dst
 
     rows_out = []
@@ -149,11 +157,21 @@ def main() -> None:
         sec = timed(lambda: [triton_kernel.score_rows(a, b, t, **kw) for _ in range(k)], args.reps) / k
         rows_out.append((f"(a'') triton {best[0]}, {k} calls back to back", sec, n / sec, None,
                          f"{100 * n / sec / ceiling_k:.1f} % of copy back to back"))
+        if copy_s is not None:
+            s_best = sustained(lambda: triton_kernel.score_rows(a, b, t, **kw), args.sustained)
+            rows_out.append((f"(a''') triton {best[0]}, sustained {args.sustained:g} s", s_best["sec"],
+                             n / s_best["sec"], None, f"{100 * copy_s['sec'] / 2 / s_best['sec']:.1f} % of sustained copy; "
+                             + clock_note(s_best)))
     t_torch = timed(lambda: plain_torch(a, b), max(3, args.reps // 4))
     rows_out.append(("(b) torch float64 log_softmax + sum", t_torch, n / t_torch, None, "KLD only"))
     rows_out.append(("(c) copy ceiling", n / ceiling, ceiling, None, f"copy {copy_gbs:,.0f} GB/s (read + write)"))
     rows_out.append((f"(c'') copy ceiling, {args.back_to_back} copies back to back", n / ceiling_k, ceiling_k, None,
                      f"copy {ceiling_k * 2 * V * 4 / 1e9:,.0f} GB/s (read + write)"))
+    if copy_s is not None:
+        # a copy of 2 x n rows moves (read + write) twice the bytes a scorer of n rows reads
+        rows_out.append((f"(c''') copy ceiling, sustained {args.sustained:g} s", copy_s["sec"] / 2, 2 * n / copy_s["sec"],
+                         None,
+                         f"copy {2 * 2 * n * V * 4 / copy_s['sec'] / 1e9:,.0f} GB/s (read + write); " + clock_note(copy_s)))
 
     print(f"score kernel bench: {torch.cuda.get_device_name(dev)}, rows {n}, vocab {V:,}, bytes read {need / 1e9:.2f} GB")
     print("| method | ms | rows/s | % of copy ceiling | max rel diff vs numpy fp64 | notes |")
