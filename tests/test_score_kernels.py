@@ -484,11 +484,12 @@ def test_relaunch_through_the_compiled_kernel_keeps_its_specialisation():
 
 
 _INTERPRETED = """
-import sys
+import json, sys
 import numpy as np, torch
 from fideval.score import triton_kernel
 d = np.load(sys.argv[1])
-out = triton_kernel.score_rows(*(torch.from_numpy(d[k]) for k in ("a", "b", "t")), asm=0, carg=0, **eval(sys.argv[3]))
+out = triton_kernel.score_rows(*(torch.from_numpy(d[k]) for k in ("a", "b", "t")), asm=0, carg=0,
+                               **json.loads(sys.argv[3]))
 np.savez(sys.argv[2], *(x.numpy() for x in out))
 """
 
@@ -501,6 +502,7 @@ def test_streaming_kernel_under_triton_interpreter_matches_oracle(tmp_path, kw):
     Without PTX (``asm`` 0: the interpreter runs no inline assembly) and with the exp's constants as literals
     (``carg`` 0: Triton 3.6's interpreter passes float scalars as float32 whatever the annotation, which
     measured 1e-9 off the oracle; the GPU tests cover ``carg`` 1)."""
+    import json
     import os
     import subprocess
     import sys
@@ -516,7 +518,7 @@ def test_streaming_kernel_under_triton_interpreter_matches_oracle(tmp_path, kw):
     np.savez(tmp_path / "in.npz", a=a, b=b, t=t.astype(np.int64))
     env = {**os.environ, "TRITON_INTERPRET": "1"}
     p = subprocess.run([sys.executable, "-c", _INTERPRETED, str(tmp_path / "in.npz"), str(tmp_path / "out.npz"),
-                        repr(kw)], env=env, capture_output=True, text=True, timeout=600)
+                        json.dumps(kw)], env=env, capture_output=True, text=True, timeout=600)
     assert p.returncode == 0, p.stderr[-2000:]
     out = np.load(tmp_path / "out.npz")
     figs, flags, bad = out["arr_0"], out["arr_1"], out["arr_2"]
