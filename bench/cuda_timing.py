@@ -1,6 +1,11 @@
-"""The GPU benches' one timer: median seconds of a callable over CUDA events, after warm-ups."""
+"""The GPU benches' timers: median seconds of a callable over CUDA events, after warm-ups; and seconds per call
+of a callable run back to back for seconds, with the clock and power it ran at."""
 
 from __future__ import annotations
+
+import shutil
+import subprocess
+import time
 
 import numpy as np
 import torch
@@ -27,10 +32,6 @@ def sustained(fn, seconds: float = 2.0, batch: int = 10) -> dict:
     SM clock (MHz), board power (W) and active clock-throttle reasons that ``nvidia-smi`` samples every 100 ms
     over the last two thirds of the run (None where nvidia-smi is missing). Why: a float64-heavy kernel can
     meet the board's power cap, which then lowers the SM clock; a copy of the same bytes does not."""
-    import shutil
-    import subprocess
-    import time
-
     smi = shutil.which("nvidia-smi")
     p = subprocess.Popen([smi, "--query-gpu=clocks.sm,power.draw,clocks_throttle_reasons.active",
                           "--format=csv,noheader,nounits", "-lms", "100"], stdout=subprocess.PIPE,
