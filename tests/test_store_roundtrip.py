@@ -228,3 +228,64 @@ def test_writer_refuses_bad_input(tmp_path):
     with pytest.raises(FidevalError, match="no shard for sequence"):
         _write(tmp_path / "u", _data(n=1))
         StoreReader(tmp_path / "u").read("missing-000")
+
+
+CUDA = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+
+
+@CUDA
+def test_host_buffers_exact_size_locked_then_unlocked():
+    from fideval.store.pinned import HostBuffers
+
+    hb = HostBuffers(pin=True)
+    a, b = hb.new(134_217_729), hb.new(5)  # not a power of two; tiny sizes get 8 bytes
+    assert a.numel() == 134_217_729 and b.numel() == 8 and a.is_pinned() and b.is_pinned() and hb.locked == 2
+    x = torch.arange(a.numel() // 4, dtype=torch.int32)
+    a[: x.numel() * 4].copy_(x.view(torch.uint8))
+    g = a[: x.numel() * 4].view(torch.int32).to("cuda", non_blocking=True)
+    torch.cuda.synchronize()
+    assert torch.equal(g.cpu(), x)
+    hb.drop(a)
+    assert not a.is_pinned() and hb.locked == 1
+    hb.close()
+    assert not b.is_pinned() and hb.locked == 0
+    assert not hb.new(16).is_pinned()  # after close: plain memory (a straggling reader thread)
+
+
+@CUDA
+def test_iter_cuda_bit_identical_and_unlocks_its_buffers(tmp_path, monkeypatch):
+    import fideval.store.reader as reader_mod
+
+    made = []
+
+    class Watched(reader_mod.HostBuffers):
+        def __init__(self, pin):
+            super().__init__(pin)
+            self.sizes = []
+            made.append(self)
+
+        def new(self, nbytes):
+            buf = super().new(nbytes)
+            self.sizes.append(buf.numel())
+            return buf
+
+    monkeypatch.setattr(reader_mod, "HostBuffers", Watched)
+    data = _data(n=6)
+    _write(tmp_path / "s", data)
+    r = StoreReader(tmp_path / "s")
+    sizes = {sid: (tmp_path / "s" / r.entry(sid)["file"]).stat().st_size for sid in data}
+    for prefetch in (1, 2):
+        seen = []
+        for sid, x, t in r.iter(device="cuda", prefetch=prefetch):
+            assert x.is_cuda and made[-1].locked <= prefetch + 1
+            seen.append(sid)
+            assert x.cpu().numpy().tobytes() == data[sid][0].tobytes() and np.array_equal(t, data[sid][1])
+        assert seen == sorted(data)
+        hb = made[-1]
+        assert hb.pin and hb.locked == 0  # every buffer unlocked at the end
+        assert 1 <= len(hb.sizes) <= prefetch + 1 and set(hb.sizes) <= set(sizes.values())  # exact shard sizes
+    it = r.iter(device="cuda", prefetch=2)  # leaving early unlocks too
+    next(it)
+    assert made[-1].locked >= 1
+    it.close()
+    assert made[-1].locked == 0

@@ -8,8 +8,10 @@ Two ways to read a shard:
 * ``iter(seq_ids, device, prefetch)`` streams shards through a background thread that reads each file
   once, in 16 MiB chunks, into a (pinned, for CUDA) host buffer and hashes the chunks as they arrive, so the
   SHA-256 check costs no second pass over the disk. With a CUDA device the buffers are a fixed pool of
-  ``prefetch + 1`` pinned buffers reused round-robin and each shard is copied to the GPU asynchronously;
-  host memory then stays at ``prefetch + 1`` shards whatever the store's size. On CPU every shard gets a
+  ``prefetch + 1`` page-locked buffers of the shard's exact size (:mod:`fideval.store.pinned`; torch's own
+  pinned allocator would round each up to a power of two) reused round-robin, each shard copied to the GPU
+  asynchronously; host memory then stays at ``prefetch + 1`` shards whatever the store's size, and the
+  buffers are unlocked when the iteration ends. On CPU every shard gets a
   fresh tensor (the caller may keep it), at most ``prefetch + 2`` alive while the caller drops the old ones.
 
 Every shard's SHA-256 is checked against the manifest the first time this reader touches it; a mismatch,
@@ -31,6 +33,7 @@ import numpy as np
 from fideval.errors import FidevalError
 from fideval.fsio import safe_join, sha256_file
 from fideval.store import manifest as mf
+from fideval.store.pinned import HostBuffers
 from fideval.store.shard import ShardHeader, parse_header, read_header
 
 _CHUNK = 1 << 24
@@ -139,8 +142,9 @@ class StoreReader:
         return np.fromfile(path, dtype="<i4", count=head.length, offset=head.token_ids_offset).astype(np.int32)
 
     # -- streaming ----------------------------------------------------------------------------------------
-    def _load(self, seq_id: str, buf: Any, pin: bool) -> tuple[Any, Any, np.ndarray]:
-        """Read one shard into ``buf`` (grown if too small), hashing on the way; return (buf, logits view, tokens)."""
+    def _load(self, seq_id: str, buf: Any, buffers: HostBuffers) -> tuple[Any, Any, np.ndarray]:
+        """Read one shard into ``buf`` (a new one from ``buffers`` if None or too small), hashing on the way;
+        return (buf, logits view, tokens)."""
         import torch
 
         e = self.entry(seq_id)
@@ -156,8 +160,10 @@ class StoreReader:
                 if hasattr(os, "posix_fadvise"):
                     os.posix_fadvise(f.fileno(), 0, 0, os.POSIX_FADV_SEQUENTIAL)
                 if buf is None or buf.numel() < size:
-                    buf = None  # let the old buffer go before allocating the bigger one
-                    buf = torch.empty(max(size, 8), dtype=torch.uint8, pin_memory=pin)
+                    if buf is not None:  # let the old buffer go before allocating the bigger one
+                        buffers.drop(buf)
+                    buf = None
+                    buf = buffers.new(size)
                 mv = memoryview(buf.numpy())[:size]
                 # hash on a second thread, one chunk behind the reads: the disk and SHA-256 (~1.5-2 GB/s
                 # on one core) overlap instead of adding up; both release the GIL on large buffers
@@ -208,7 +214,8 @@ class StoreReader:
         cuda = dev.type == "cuda"
         prefetch = max(int(prefetch), 1)
         permits = threading.Semaphore(prefetch + 1)  # shards alive: `prefetch` ahead + the one the caller holds
-        pool: list[Any] = []  # reused pinned buffers (CUDA only)
+        pool: list[Any] = []  # reused host buffers (CUDA only)
+        buffers = HostBuffers(pin=cuda)
         out: queue.Queue = queue.Queue()
         stop = threading.Event()
 
@@ -219,7 +226,7 @@ class StoreReader:
                     if stop.is_set():
                         return
                     buf = pool.pop() if pool else None
-                    out.put((sid, *self._load(sid, buf, cuda)))
+                    out.put((sid, *self._load(sid, buf, buffers)))
                 out.put(_END)
             except BaseException as exc:  # noqa: BLE001 -- handed to the caller's thread, raised there
                 out.put(exc)
@@ -256,3 +263,6 @@ class StoreReader:
             for _ in range(prefetch + 2):
                 permits.release()
             thread.join(timeout=60)
+            if cuda:  # no copy may still read a buffer when its pages are unlocked
+                stream.synchronize()
+                buffers.close()
