@@ -7,7 +7,10 @@ is checked from ``/proc/meminfo`` and printed):
 
 * the ceiling: plain sequential reads of the same shard files in 16 MiB chunks (a dd-like loop);
 * ``iter()`` on first touch (every shard's SHA-256 checked), and again with hashes already verified;
-* ``read()`` (memory map) with every page touched.
+* ``read()`` (memory map) with every page touched;
+* ``fideval score``'s own loop (``score_candidate`` with a store candidate, as the CLI calls it) on the
+  teacher store and a candidate store of the same size written beside it (``--no-score``: skip), both cold:
+  GB/s of both stores' bytes against the same disk ceiling, rows/s, and its peak RSS.
 
 Peak RSS above the pre-phase baseline is sampled every 2 ms and reported in shards: it must stay at or
 below 3 shards whatever the store's size. The store is deleted at the end.
@@ -32,6 +35,7 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from fideval.score.run import score_candidate, store_candidates
 from fideval.store import StoreReader, StoreWriter
 
 
@@ -107,6 +111,8 @@ def main() -> None:
     ap.add_argument("--dir", default="/tmp")
     ap.add_argument("--device", default="cpu")
     ap.add_argument("--prefetch", type=int, default=None, help="default: 1 on CPU (<= 3 shards alive), 2 on CUDA")
+    ap.add_argument("--no-score", action="store_true", help="skip the end-to-end `fideval score` row (it writes a "
+                    "candidate store of the same size beside the teacher's)")
     args = ap.parse_args()
 
     import torch
@@ -179,6 +185,32 @@ def main() -> None:
             dt = time.perf_counter() - t
         results.append(("read() memmap + SHA-256 on first read, all pages touched", total / dt / 1e9,
                         f"{m.peak / 1e9:.2f} GB ({m.extra / shard:.2f} shards above base)"))
+
+        if not args.no_score:  # `fideval score`'s own loop on a teacher store and a candidate store, both cold
+            cand_root = root / "candidate"
+            wc = StoreWriter(cand_root, {"model_id": "bench-candidate", "model_revision": "0", "tokenizer_sha256": "0" * 64,
+                                         "vocab_size": args.vocab, "kind": "logits"})
+            noise = np.random.default_rng(1).standard_normal((rows, args.vocab), dtype=np.float32) * 0.05
+            for sid in r2.seq_ids:
+                lg, tk = r2.read(sid)
+                wc.write(sid, lg + noise, tk, window_id=sid, domain="bench")
+            wc.finish()
+            del noise
+            cfiles = sorted((cand_root / "shards").glob("*.safetensors"))
+            both = total + sum(p.stat().st_size for p in cfiles)
+            drop_cache(files + cfiles)
+            teacher, cand = StoreReader(root), StoreReader(cand_root)
+            out = root / "score-out"
+            with PeakRSS() as m:
+                t = time.perf_counter()
+                summary = score_candidate(teacher, store_candidates(cand, teacher.seq_ids,
+                                                                    device=args.device if cuda else None),
+                                          candidate="bench", path="store", out_dir=out, device=args.device,
+                                          teacher_order=teacher.seq_ids)  # as `fideval score --candidate STORE`
+                dt = time.perf_counter() - t
+            results.append((f"fideval score loop, teacher + candidate stores ({summary['kernel']} kernel, "
+                            f"{summary['rows'] / dt:,.0f} rows/s, CPU check {summary['cpu_check']['rows_checked']} rows)",
+                            both / dt / 1e9, f"{m.peak / 1e9:.2f} GB ({m.extra / shard:.2f} shards above base)"))
     finally:
         shutil.rmtree(root, ignore_errors=True)
 

@@ -37,7 +37,7 @@ def register(app: typer.Typer) -> None:
         if candidate is None and not self_check:
             raise FidevalError("give --candidate STORE (or --self-check to score the teacher against itself)")
         t = StoreReader(resolve_store(teacher))
-        extra = None
+        extra, order = None, None
         if config is not None:
             from fideval.candidate import emulated
             from fideval.config import load_config
@@ -64,7 +64,7 @@ def register(app: typer.Typer) -> None:
                                    hint="make the candidate store from the same windows")
             dev, _ = pick(device, kernel)
             items = store_candidates(c, t.seq_ids, device=dev if dev.type == "cuda" else None)
-            label, first = name or Path(str(candidate).rstrip("/")).name, self_check
+            label, first, order = name or Path(str(candidate).rstrip("/")).name, self_check, t.seq_ids
         from fideval.lock import output_lock
 
         with output_lock(out, "score"):
@@ -72,6 +72,6 @@ def register(app: typer.Typer) -> None:
                                       cpu_check_every=cpu_check_every, cpu_check_tolerance=tolerance,
                                       on_nonfinite=on_nonfinite, kernel=kernel, self_check_first=first,
                                       teacher_spec=teacher, candidate_is_teacher=candidate is None and config is None,
-                                      candidate_info=extra)
+                                      candidate_info=extra, teacher_order=order)
         typer.echo(f"{out}: {summary['rows']:,} rows scored with {summary['kernel']} on {summary['device']}; "
                    f"CPU check {summary['cpu_check']['rows_checked']} rows, max rel diff {summary['cpu_check']['max_rel_diff']:.2g}")

@@ -6,10 +6,17 @@ sequence's ``token_ids`` and the candidate's ``row_start`` -- so the same loop s
 checks (vocab, token ids, non-finite rows) before any scoring, the fast scorer (Triton on CUDA, else
 torch), the numpy float64 reference on sampled rows, one Parquet row group. Nothing is written unless
 every shard passed: a run that fails its CPU check leaves no records that look valid.
+
+Host memory. On a GPU, a candidate store and the teacher are streamed side by side (``StoreReader.iter``,
+one page-locked buffer each, the next shard read while this one is scored), so a store-against-store run
+holds two shards of host memory whatever the stores' size (bench/score_stream.py: 2.82 shards peak above
+base on an H200, SHA-256 checked on the way). On the CPU both are memory-mapped and the torch scorer's
+float64 temporaries are capped at half a shard. A model run's teacher shards are memory-mapped.
 """
 
 from __future__ import annotations
 
+import warnings
 from collections.abc import Iterable, Iterator
 from pathlib import Path
 from typing import Any
@@ -46,19 +53,36 @@ def pick(device: str = "auto", kernel: str = "auto") -> tuple[torch.device, str]
 
 def score_tensors(ref: torch.Tensor, cand: torch.Tensor, targets: torch.Tensor, kernel: str
                   ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """Figures float64 [n, 7], flags bool [n, 4], non-finite mask [n] as numpy, with the chosen kernel."""
+    """Figures float64 [n, 7], flags bool [n, 4], non-finite mask [n] as numpy, with the chosen kernel.
+    The torch kernel's float64 temporaries stay within half the input's size (and 256 MiB), so scoring on
+    the CPU never holds more than the two shards and that much."""
     if kernel == "triton":
         from fideval.score import triton_kernel
 
         figs, flags, bad = triton_kernel.score_rows(ref, cand, targets)
     else:
-        figs, flags, bad = torch_kernel.score_rows(ref, cand, targets)
+        budget = min(1 << 28, max(ref.numel() * ref.element_size() // 2, 1 << 20))
+        figs, flags, bad = torch_kernel.score_rows(ref, cand, targets, budget_bytes=budget)
     return figs.cpu().numpy(), flags.cpu().numpy(), bad.cpu().numpy()
 
 
-def store_candidates(reader: Any, seq_ids: Iterable[str], device: Any = None) -> Iterator[tuple]:
-    """A candidate store as a candidate iterator: ``(seq_id, logits, token_ids, row_start)``."""
-    for sid, logits, tokens in reader.iter(list(seq_ids), device=device):
+def mapped_tensor(array: np.ndarray) -> torch.Tensor:
+    """A CPU tensor over a (read-only) memory map, without a copy; nothing in scoring writes to it."""
+    with warnings.catch_warnings():  # torch warns that the array is not writable
+        warnings.simplefilter("ignore", UserWarning)
+        return torch.from_numpy(array)
+
+
+def store_candidates(reader: Any, seq_ids: Iterable[str], device: Any = None, prefetch: int = 1) -> Iterator[tuple]:
+    """A candidate store as a candidate iterator: ``(seq_id, logits, token_ids, row_start)``. On a GPU
+    (``device`` cuda) streamed ``prefetch`` shards ahead (one: with the teacher's stream beside it, two host
+    buffers in all); else memory-mapped (the CPU scorer is far slower than the disk: read-ahead buys nothing)."""
+    if device is None or torch.device(device).type == "cpu":
+        for sid in seq_ids:
+            logits, tokens = reader.read(sid)
+            yield sid, mapped_tensor(logits), tokens, reader.row_start(sid)
+        return
+    for sid, logits, tokens in reader.iter(list(seq_ids), device=device, prefetch=prefetch):
         yield sid, logits, tokens, reader.row_start(sid)
 
 
@@ -67,6 +91,31 @@ def teacher_candidates(teacher: Any, seq_ids: Iterable[str]) -> Iterator[tuple]:
     for sid in seq_ids:
         logits, tokens = teacher.read(sid)
         yield sid, torch.from_numpy(np.array(logits, dtype=np.float32)), tokens, teacher.row_start(sid)
+
+
+class _TeacherFeed:
+    """The teacher's shards in the order the candidate will ask for them, streamed by ``StoreReader.iter``
+    onto the GPU: the next shard is read from disk (into one page-locked host buffer, SHA-256 on the way)
+    while this one is scored, and the scored shard holds no host memory. A shard asked for out of that order
+    ends the stream (it would read shards nobody asks for); it and every later one are read directly."""
+
+    def __init__(self, teacher: Any, order: list[str], dev: torch.device):
+        self._it = teacher.iter(order, device=dev, prefetch=1)
+
+    def get(self, seq_id: str) -> tuple[torch.Tensor, np.ndarray] | None:
+        """``(logits on the device, token ids)`` of ``seq_id`` when it is the stream's next shard, else None."""
+        if self._it is None:
+            return None
+        item = next(self._it, None)
+        if item is not None and item[0] == seq_id:
+            return item[1], item[2]
+        self.close()
+        return None
+
+    def close(self) -> None:
+        if self._it is not None:
+            self._it.close()
+            self._it = None
 
 
 def _check_rows(every: int, start: int, n: int) -> np.ndarray:
@@ -79,8 +128,9 @@ def _check_rows(every: int, start: int, n: int) -> np.ndarray:
 
 
 class _Run:
-    def __init__(self, teacher: Any, dev: torch.device, kernel: str, every: int, tolerance: float, on_nonfinite: str):
-        self.teacher, self.dev, self.kernel = teacher, dev, kernel
+    def __init__(self, teacher: Any, dev: torch.device, kernel: str, every: int, tolerance: float, on_nonfinite: str,
+                 feed: _TeacherFeed | None = None):
+        self.teacher, self.dev, self.kernel, self.feed = teacher, dev, kernel, feed
         self.every, self.tolerance, self.on_nonfinite = every, tolerance, on_nonfinite
         self.rows = self.checked = self.nonfinite = self.seen = 0
         self.worst, self.worst_at = 0.0, ""
@@ -100,7 +150,12 @@ class _Run:
         if cand.ndim != 2 or cand.shape[1] != vocab:
             raise FidevalError(f"candidate {sid}: logits shape {tuple(cand.shape)} does not match the teacher's vocab {vocab}",
                                hint="teacher and candidate must use the same tokenizer and output width")
-        ref_np, tokens = self.teacher.read(sid)
+        fed = self.feed.get(sid) if self.feed is not None else None
+        if fed is not None:
+            ref_all, tokens = fed  # the whole shard, on the device
+        else:  # memory-mapped: only the rows scored are read, and nothing is copied on the host
+            ref_np, tokens = self.teacher.read(sid)
+            ref_all = mapped_tensor(ref_np)
         tokens = np.asarray(tokens)
         if cand_tokens is not None:
             ct = np.asarray(cand_tokens)
@@ -115,17 +170,17 @@ class _Run:
         length = len(tokens)
         ref_start = self.teacher.row_start(sid)
         lo = max(ref_start, cand_start)
-        hi = min(ref_start + ref_np.shape[0], cand_start + cand.shape[0], length - 1)
+        hi = min(ref_start + ref_all.shape[0], cand_start + cand.shape[0], length - 1)
         if hi <= lo:
             return None
-        ref = torch.from_numpy(np.array(ref_np[lo - ref_start: hi - ref_start], dtype=np.float32))
+        ref = ref_all[lo - ref_start: hi - ref_start]
         cand_rows = cand[lo - cand_start: hi - cand_start]
         positions = np.arange(lo, hi, dtype=np.int64)
         targets_np = tokens[positions + 1].astype(np.int64)
-        ref_d = ref.to(self.dev, non_blocking=True)
+        ref_d = ref.to(self.dev).contiguous()
         cand_d = cand_rows.to(self.dev).contiguous()
         figs, flags, bad = score_tensors(ref_d, cand_d, torch.from_numpy(targets_np).to(self.dev), self.kernel)
-        del ref_d, cand_d
+        del ref_d, cand_d, ref_all
         keep = ~bad
         if bad.any():
             r = int(np.flatnonzero(bad)[0])
@@ -137,9 +192,9 @@ class _Run:
         sel = _check_rows(self.every, self.seen, len(positions))
         sel = sel[keep[sel]]
         if len(sel):
-            cand_cpu = cand_rows[torch.from_numpy(sel)].cpu().numpy() if cand_rows.device.type != "cpu" \
-                else cand_rows.numpy()[sel]
-            rf, rfl = reference.score_rows(ref.numpy()[sel], cand_cpu, targets_np[sel])
+            ref_cpu, cand_cpu = (x[torch.from_numpy(sel).to(x.device)].cpu().numpy() if x.device.type != "cpu"
+                                 else x.numpy()[sel] for x in (ref, cand_rows))
+            rf, rfl = reference.score_rows(ref_cpu, cand_cpu, targets_np[sel])
             d, where = max_rel_diff(figs[sel], flags[sel], rf, rfl)
             self.checked += len(sel)
             if d > self.worst:
@@ -194,7 +249,8 @@ def score_candidate(teacher: Any, candidate_iter: Iterable[tuple], *, candidate:
                     device: str = "auto", cpu_check_every: int = 1000, cpu_check_tolerance: float = 2e-12,
                     on_nonfinite: str = "fail", kernel: str = "auto", self_check_first: bool = False,
                     teacher_spec: str | None = None, total_rows: int | None = None,
-                    candidate_is_teacher: bool = False, candidate_info: dict[str, Any] | None = None) -> dict[str, Any]:
+                    candidate_is_teacher: bool = False, candidate_info: dict[str, Any] | None = None,
+                    teacher_order: list[str] | None = None) -> dict[str, Any]:
     """Score every item of ``candidate_iter`` against ``teacher`` (a StoreReader); write the records.
 
     ``candidate_iter`` yields ``(seq_id, logits float32 [rows, V])`` (a model run: row i predicts token
@@ -205,6 +261,8 @@ def score_candidate(teacher: Any, candidate_iter: Iterable[tuple], *, candidate:
     ``candidate_is_teacher`` says the candidate IS the teacher (the run is the self-check). Either way
     ``self_check`` in score.json holds ``{max_kld, top1, rows}`` and a non-exact result fails the run.
     ``candidate_info`` (quant spec, bits per weight, source) is recorded as score.json's ``candidate_info``.
+    ``teacher_order``: the order the candidate will yield its sequences in (a candidate store's); on a GPU the
+    teacher's shards are then streamed in that order (:class:`_TeacherFeed`), else each is memory-mapped.
     """
     if on_nonfinite not in ("fail", "skip"):
         raise FidevalError(f"--on-nonfinite {on_nonfinite!r}: expected 'fail' or 'skip'")
@@ -213,18 +271,23 @@ def score_candidate(teacher: Any, candidate_iter: Iterable[tuple], *, candidate:
     dev, kernel = pick(device, kernel)
     checked_self = self_check(teacher, device=str(dev), kernel=kernel) if self_check_first else None
     out_dir = Path(out_dir)
-    run = _Run(teacher, dev, kernel, cpu_check_every, cpu_check_tolerance, on_nonfinite)
+    feed = _TeacherFeed(teacher, list(teacher_order), dev) if teacher_order and dev.type == "cuda" else None
+    run = _Run(teacher, dev, kernel, cpu_check_every, cpu_check_tolerance, on_nonfinite, feed)
     if total_rows is None:
         total_rows = sum(max(int(teacher.entry(s)["rows"]) - 1, 0) for s in teacher.seq_ids)
-    with RecordsWriter(out_dir) as w, progress(f"score {candidate}", total=total_rows, unit="rows") as bar:
-        for item in candidate_iter:
-            out = run.shard(item)
-            if out is None:
-                continue
-            w.add_shard(candidate=candidate, path=path, **out)
-            bar.advance(len(out["positions"]))
-        if candidate_is_teacher:
-            checked_self = _self_result(run, kernel)
+    try:
+        with RecordsWriter(out_dir) as w, progress(f"score {candidate}", total=total_rows, unit="rows") as bar:
+            for item in candidate_iter:
+                out = run.shard(item)
+                if out is None:
+                    continue
+                w.add_shard(candidate=candidate, path=path, **out)
+                bar.advance(len(out["positions"]))
+            if candidate_is_teacher:
+                checked_self = _self_result(run, kernel)
+    finally:
+        if feed is not None:
+            feed.close()
     summary = {
         "format": SCORE_FORMAT, "version": SCORE_VERSION, "candidate": candidate, "path": path,
         "length": next(iter(run.lengths)) if len(run.lengths) == 1 else None, "rows": run.rows,

@@ -24,6 +24,9 @@ class HostBuffers:
     the copies' stream first."""
 
     def __init__(self, pin: bool):
+        import torch
+
+        self._torch = torch  # kept: close() may run from a generator's finalizer while Python shuts down
         self.pin = pin
         self._locked: dict[int, Any] = {}  # data_ptr -> tensor, registered with cudaHostRegister
         self._lock = threading.Lock()
@@ -31,8 +34,7 @@ class HostBuffers:
         self._closed = False
 
     def new(self, nbytes: int) -> Any:
-        import torch
-
+        torch = self._torch
         nbytes = max(int(nbytes), 8)
         if not self.pin or self._closed:  # closed: a straggling reader thread gets plain memory
             return torch.empty(nbytes, dtype=torch.uint8)
@@ -54,14 +56,14 @@ class HostBuffers:
         with self._lock:
             locked = self._locked.pop(buf.data_ptr(), None) is not None
         if locked:
-            _unregister(buf)
+            _unregister(self._torch, buf)
 
     def close(self) -> None:
         """Unlock every buffer still locked (after every copy from them has finished)."""
         with self._lock:
             bufs, self._locked, self._closed = list(self._locked.values()), {}, True
         for buf in bufs:
-            _unregister(buf)
+            _unregister(self._torch, buf)
 
     @property
     def locked(self) -> int:
@@ -70,9 +72,7 @@ class HostBuffers:
             return len(self._locked)
 
 
-def _unregister(buf: Any) -> None:
-    import torch
-
+def _unregister(torch: Any, buf: Any) -> None:
     rc = int(torch.cuda.cudart().cudaHostUnregister(buf.data_ptr()))
     if rc != 0:  # the memory stays valid either way (the tensor owns it); only its page lock may outlive it
         warnings.warn(f"cudaHostUnregister failed (cudaError {rc})", RuntimeWarning, stacklevel=3)

@@ -8,11 +8,12 @@ Two ways to read a shard:
 * ``iter(seq_ids, device, prefetch)`` streams shards through a background thread that reads each file
   once, in 16 MiB chunks, into a (pinned, for CUDA) host buffer and hashes the chunks as they arrive, so the
   SHA-256 check costs no second pass over the disk. With a CUDA device the buffers are a fixed pool of
-  ``prefetch + 1`` page-locked buffers of the shard's exact size (:mod:`fideval.store.pinned`; torch's own
+  ``prefetch`` page-locked buffers of the shard's exact size (:mod:`fideval.store.pinned`; torch's own
   pinned allocator would round each up to a power of two) reused round-robin, each shard copied to the GPU
-  asynchronously; host memory then stays at ``prefetch + 1`` shards whatever the store's size, and the
-  buffers are unlocked when the iteration ends. On CPU every shard gets a
-  fresh tensor (the caller may keep it), at most ``prefetch + 2`` alive while the caller drops the old ones.
+  on a side stream and its buffer reused once the copy is done; host memory then stays at ``prefetch``
+  shards whatever the store's size, and the buffers are unlocked when the iteration ends. On CPU every
+  shard gets a fresh tensor (the caller may keep it), at most ``prefetch + 2`` alive while the caller drops
+  the old ones.
 
 Every shard's SHA-256 is checked against the manifest the first time this reader touches it; a mismatch,
 a truncation or an impossible header is one :class:`FidevalError` line naming the shard.
@@ -202,8 +203,11 @@ class StoreReader:
              ) -> Iterator[tuple[str, Any, np.ndarray]]:
         """Yield ``(seq_id, logits torch.float32 [rows, V], token_ids np.int32 [L])`` in order.
 
-        A background thread reads up to ``prefetch`` shards ahead. ``device="cuda"``: pinned host buffers and
-        an asynchronous copy; the yielded tensor lives on the GPU. ``device=None``/"cpu": CPU tensors.
+        A background thread reads up to ``prefetch`` shards ahead. ``device="cuda"``: ``prefetch`` page-locked
+        host buffers; a shard is copied to the GPU on a side stream and its buffer goes back to the reader as
+        soon as the copy has finished, before the shard is yielded, so the caller's shard holds no host memory
+        and the next read starts at once. ``device=None``/"cpu": fresh CPU tensors the caller may keep
+        (``prefetch`` ahead + the one the caller holds).
         """
         import torch
 
@@ -213,7 +217,8 @@ class StoreReader:
         dev = torch.device(device) if device is not None else torch.device("cpu")
         cuda = dev.type == "cuda"
         prefetch = max(int(prefetch), 1)
-        permits = threading.Semaphore(prefetch + 1)  # shards alive: `prefetch` ahead + the one the caller holds
+        # host buffers alive: CUDA `prefetch` (the caller's shard is on the GPU); CPU `prefetch` + the caller's
+        permits = threading.Semaphore(prefetch if cuda else prefetch + 1)
         pool: list[Any] = []  # reused host buffers (CUDA only)
         buffers = HostBuffers(pin=cuda)
         out: queue.Queue = queue.Queue()
@@ -245,19 +250,19 @@ class StoreReader:
                 if cuda:
                     with torch.cuda.stream(stream):
                         gpu = logits.to(dev, non_blocking=True)
-                        done = torch.cuda.Event()
-                        done.record(stream)
-                    torch.cuda.current_stream(dev).wait_stream(stream)
-                    gpu.record_stream(torch.cuda.current_stream(dev))
+                    stream.synchronize()  # copied: the buffer can take the next shard while the caller works
                     del logits
-                    yield sid, gpu, tokens
-                    done.synchronize()  # the copy must finish before the buffer is reused
                     pool.append(buf)
+                    permits.release()
+                    # allocated on the side stream, used on the caller's: the allocator must not hand the block
+                    # to the next copy before the caller's work on it is done
+                    gpu.record_stream(torch.cuda.current_stream(dev))
+                    yield sid, gpu, tokens
                 else:
                     del buf
                     yield sid, logits, tokens
                     del logits
-                permits.release()
+                    permits.release()
         finally:
             stop.set()
             for _ in range(prefetch + 2):
