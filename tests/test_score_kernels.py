@@ -501,13 +501,16 @@ def test_streaming_kernel_under_triton_interpreter_matches_oracle(tmp_path, kw):
     guarded redo) and a one-hot row, against the scipy oracle: the kernels' logic is checked without a GPU.
     Without PTX (``asm`` 0: the interpreter runs no inline assembly) and with the exp's constants as literals
     (``carg`` 0: Triton 3.6's interpreter passes float scalars as float32 whatever the annotation, which
-    measured 1e-9 off the oracle; the GPU tests cover ``carg`` 1)."""
+    measured 1e-9 off the oracle; the GPU tests cover ``carg`` 1). Interpreters that run them: Triton 3.7
+    and 3.8 (CI installs 3.8); 3.6's and 3.9's cannot (the skips below)."""
     import json
     import os
     import subprocess
     import sys
 
     triton = pytest.importorskip("triton")
+    if tuple(map(int, triton.__version__.split(".")[:2])) == (3, 9):
+        pytest.skip("Triton 3.9's interpreter refuses a Python bool as a load mask (the register prefetch's)")
     try:
         int(np.array([1]))  # what Triton 3.6's interpreter does to loop bounds
     except TypeError:  # NumPy 2.4 and later (measured: 2.4.6, 2.5.2) refuse it
