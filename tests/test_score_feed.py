@@ -54,7 +54,7 @@ def test_feed_in_order_then_out_of_order(stores):
 
 
 def _score(teacher, cand, out, device, order=None, ids=None):
-    items = score_run.store_candidates(cand, ids or teacher.seq_ids, device=device if device != "cpu" else None)
+    items = score_run.store_candidates(cand, ids or teacher.seq_ids, device=device)
     return score_run.score_candidate(teacher, items, candidate="c", path="store", out_dir=out, device=device,
                                      cpu_check_every=2, teacher_order=order)
 

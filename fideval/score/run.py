@@ -180,7 +180,7 @@ class _Run:
         ref_d = ref.to(self.dev).contiguous()
         cand_d = cand_rows.to(self.dev).contiguous()
         figs, flags, bad = score_tensors(ref_d, cand_d, torch.from_numpy(targets_np).to(self.dev), self.kernel)
-        del ref_d, cand_d, ref_all
+        del ref_d, cand_d
         keep = ~bad
         if bad.any():
             r = int(np.flatnonzero(bad)[0])
