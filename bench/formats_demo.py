@@ -98,7 +98,7 @@ def main() -> None:
     args = ap.parse_args()
     torch.set_num_threads(1)
 
-    from fideval.commands.quant import read_safetensors_shapes
+    from fideval.formats.safetensors import folder_shapes
     from fideval.quant.spec import module_class_of
     from fideval.store import StoreReader
 
@@ -106,7 +106,7 @@ def main() -> None:
     doms = [d for d in args.domains.split(",") if d] or sorted(p.name for p in root.iterdir() if p.is_dir())
     teachers = {d: StoreReader(root / d) for d in doms}
     by_class: dict = {}
-    for name, (shape, _dt) in read_safetensors_shapes(model).items():
+    for name, (shape, _dt) in folder_shapes(model).items():
         by_class.setdefault(module_class_of(name), {})[name] = tuple(shape)
     only = {s for s in args.only.split(",") if s}
 

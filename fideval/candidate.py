@@ -46,7 +46,7 @@ def emulated(cfg: Any, name: str, path: str, teacher: Any, device: str) -> Candi
     """Run candidate ``name`` of ``cfg`` on ``path`` (serving or weights-only) over the teacher's sequences."""
     import torch
 
-    from fideval.commands.quant import read_safetensors_shapes
+    from fideval.formats.safetensors import folder_shapes
     from fideval.model.runner import iter_logits
     from fideval.model_source import locate
     from fideval.quant.spec import check_spec_classes, compile_spec, module_class_of
@@ -62,7 +62,7 @@ def emulated(cfg: Any, name: str, path: str, teacher: Any, device: str) -> Candi
     files = locate(cfg.model.path, cfg.model.revision)
     quant = cand.quant.model_dump(exclude_none=True)
     spec = compile_spec(quant)
-    shapes = read_safetensors_shapes(files.folder)
+    shapes = folder_shapes(files.folder)
     by_class: dict[str | None, dict[str, tuple]] = {}
     for tensor, (shape, _dtype) in shapes.items():
         by_class.setdefault(module_class_of(tensor), {})[tensor] = tuple(shape)

@@ -13,61 +13,15 @@ import typer
 
 from fideval.errors import FidevalError
 
-DTYPE_BITS = {"F64": 64, "F32": 32, "BF16": 16, "F16": 16, "F8_E4M3": 8, "F8_E5M2": 8, "I64": 64, "I32": 32,
-              "I16": 16, "I8": 8, "U8": 8, "BOOL": 8, "F8_E8M0": 8}
-FLOAT_DTYPES = {"F64", "F32", "BF16", "F16"}
-
-
-def read_safetensors_shapes(model_dir: Path) -> dict[str, tuple[tuple[int, ...], str]]:
-    """{tensor name: (shape, dtype)} from the headers of every ``*.safetensors`` file in ``model_dir``."""
-    import json
-    import math
-    import struct
-
-    if not model_dir.is_dir():
-        raise FidevalError(f"--model {model_dir}: not a folder", hint="give a checkpoint folder with *.safetensors")
-    files = sorted(model_dir.glob("*.safetensors"))
-    if not files:
-        raise FidevalError(f"--model {model_dir}: no *.safetensors files", hint="give a Hugging Face checkpoint folder")
-    out: dict[str, tuple[tuple[int, ...], str]] = {}
-    fix = "the file is truncated or not safetensors; re-download the checkpoint"
-    for f in files:
-        try:
-            size = f.stat().st_size
-            with open(f, "rb") as fh:
-                (n,) = struct.unpack("<Q", fh.read(8))
-                if n > 100_000_000 or 8 + n > size:  # bounded before reading: a hostile length allocates nothing
-                    raise ValueError(f"header length {n} is impossible for a {size}-byte file")
-                header = json.loads(fh.read(n))
-        except (OSError, ValueError, struct.error) as e:
-            raise FidevalError(f"{f}: not a readable safetensors file ({str(e)[:120]})", hint=fix) from None
-        if not isinstance(header, dict):
-            raise FidevalError(f"{f}: safetensors header is not a JSON object", hint=fix)
-        data_bytes = size - 8 - n
-        for name, info in header.items():
-            if name == "__metadata__":
-                continue
-            try:  # the shape must match the byte range, and the range must lie inside the file
-                shape, dtype = tuple(int(d) for d in info["shape"]), str(info["dtype"])
-                a, b = (int(o) for o in info["data_offsets"])
-                ok = (dtype in DTYPE_BITS and all(d >= 0 for d in shape) and 0 <= a <= b <= data_bytes
-                      and b - a == math.prod(shape) * DTYPE_BITS[dtype] // 8)
-            except (KeyError, TypeError, ValueError):
-                ok = False
-            if not ok:
-                raise FidevalError(f"{f}: tensor {str(name)[:80]!r} has an impossible header entry: "
-                                   f"dtype, shape and byte range disagree or leave the file", hint=fix)
-            out[name] = (shape, dtype)
-    return out
-
 
 def inspect_model(model_dir: Path, spec_text: str) -> dict:
     """The per-class bits table of ``spec_text`` applied to the checkpoint in ``model_dir``."""
+    from fideval.formats.safetensors import DTYPE_BITS, FLOAT_DTYPES, folder_shapes
     from fideval.quant.base import get_format
     from fideval.quant.spec import check_spec_classes, compile_spec, is_quantized_tensor, module_class_of
 
     compiled = compile_spec(spec_text)
-    tensors = read_safetensors_shapes(model_dir)
+    tensors = folder_shapes(model_dir)
     shapes: dict[str, dict[str, tuple[int, ...]]] = {}
     present, dtype_count, quantized = set(), {}, []
     for name, (shape, dtype) in sorted(tensors.items()):

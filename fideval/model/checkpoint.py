@@ -3,8 +3,8 @@
 Why not ``safetensors.safe_open`` for everything: we want each layer's bytes to land straight in a
 (pinned) buffer we own, read on a background thread, so the copy to the GPU can overlap compute, and
 we want byte ranges of fused expert tensors (a model-parallel rank reads only its experts). So we parse
-the header ourselves — bounded: an 8-byte length at most :data:`MAX_HEADER` bytes, JSON that must list
-dtype/shape/offsets consistent with each other and with the file size — and ``readinto`` the ranges.
+the header with :mod:`fideval.formats.safetensors` (bounded, every entry checked against the file) and
+``readinto`` the ranges.
 A bad header, a tensor past the end of its file, or a key missing from the index is a one-line
 :class:`~fideval.errors.FidevalError` naming the file.
 """
@@ -12,9 +12,7 @@ A bad header, a tensor past the end of its file, or a key missing from the index
 from __future__ import annotations
 
 import json
-import math
 import os
-import struct
 import threading
 from dataclasses import dataclass
 from pathlib import Path
@@ -22,8 +20,9 @@ from pathlib import Path
 import torch
 
 from fideval.errors import FidevalError
+from fideval.formats import safetensors
 
-MAX_HEADER = 100 * 1024 * 1024  # the safetensors reference implementation's own limit
+MAX_HEADER = safetensors.MAX_HEADER
 SINGLE = "model.safetensors"
 INDEX = "model.safetensors.index.json"
 
@@ -48,39 +47,18 @@ class TensorInfo:
 
 def _parse_header(path: Path) -> dict[str, TensorInfo]:
     try:
-        size = path.stat().st_size
-        with open(path, "rb") as f:
-            raw = f.read(8)
-            if len(raw) < 8:
-                raise FidevalError(f"{path} is not a safetensors file (shorter than 8 bytes)", hint="re-download the checkpoint")
-            (n,) = struct.unpack("<Q", raw)
-            if n > MAX_HEADER or 8 + n > size:
-                raise FidevalError(f"{path}: safetensors header length {n} is impossible for a {size}-byte file",
-                                   hint="the file is truncated or not safetensors; re-download it")
-            header = json.loads(f.read(n))
-    except FidevalError:
-        raise
-    except (OSError, ValueError, UnicodeDecodeError) as e:
-        raise FidevalError(f"{path}: unreadable safetensors header ({type(e).__name__})", hint="re-download the checkpoint") from None
-    if not isinstance(header, dict):
-        raise FidevalError(f"{path}: safetensors header is not a JSON object", hint="re-download the checkpoint")
-    base = 8 + n
+        header = safetensors.read(path, MAX_HEADER)
+    except OSError as e:
+        raise FidevalError(f"{path}: unreadable safetensors header ({e.strerror or type(e).__name__})",
+                           hint="re-download the checkpoint") from None
+    except safetensors.HeaderError as e:
+        raise FidevalError(f"{path}: {e}", hint="the file is truncated or not safetensors; re-download it") from None
     out: dict[str, TensorInfo] = {}
-    for key, v in header.items():
-        if key == "__metadata__":
-            continue
-        try:
-            dtype = DTYPES[v["dtype"]]
-            shape = tuple(int(s) for s in v["shape"])
-            a, b = (int(o) for o in v["data_offsets"])
-        except (KeyError, TypeError, ValueError):
-            raise FidevalError(f"{path}: tensor {key!r} has a malformed header entry (dtype {v.get('dtype') if isinstance(v, dict) else v!r})",
-                               hint="re-download the checkpoint") from None
-        itemsize = torch.empty((), dtype=dtype).element_size()
-        if any(s < 0 for s in shape) or b - a != math.prod(shape) * itemsize or a < 0 or base + b > size:
-            raise FidevalError(f"{path}: tensor {key!r} (shape {list(shape)}) has offsets {a}..{b} inconsistent with its size or the file",
-                               hint="the file is truncated or corrupt; re-download it")
-        out[key] = TensorInfo(path, dtype, shape, base + a, b - a)
+    for key, e in header.tensors.items():
+        if e.dtype not in DTYPES:
+            raise FidevalError(f"{path}: tensor {key!r} has dtype {e.dtype}, which this torch cannot hold",
+                               hint="upgrade torch, or convert the checkpoint")
+        out[key] = TensorInfo(path, DTYPES[e.dtype], e.shape, e.start, e.nbytes)
     return out
 
 

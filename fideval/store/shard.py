@@ -6,8 +6,8 @@ tensor bytes stream from the caller's array into the temp file while being hashe
 and no second read. The result is an ordinary safetensors file (8-byte little-endian header length, JSON
 header padded with spaces to a multiple of 8, then the tensor bytes) that ``safetensors.safe_open`` reads.
 
-Parsing is bounded: the header length, every dtype, shape and byte range is checked against the file size
-*before* anything is allocated or mapped, so a corrupt or hostile header that claims 10^12 rows is refused
+Parsing is bounded (:mod:`fideval.formats.safetensors`): the header length, every dtype, shape and byte range
+is checked against the file size *before* anything is allocated or mapped, so a corrupt or hostile header that claims 10^12 rows is refused
 with one line instead of a MemoryError.
 """
 
@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import hashlib
 import json
-import math
 import os
 import re
 from dataclasses import dataclass
@@ -24,6 +23,7 @@ from pathlib import Path
 import numpy as np
 
 from fideval.errors import FidevalError
+from fideval.formats import safetensors
 from fideval.fsio import atomic_open
 
 FORMAT = "fideval.logits"
@@ -104,21 +104,12 @@ def parse_header(prefix: bytes | memoryview, file_bytes: int, name: str) -> Shar
     def bad(what: str) -> FidevalError:
         return FidevalError(f"shard {name}: {what}", hint="delete it and re-run the teacher, or run 'fideval verify'")
 
-    if file_bytes < 8 or len(prefix) < 8:
-        raise bad(f"only {file_bytes} bytes, too short for a safetensors header")
-    n = int.from_bytes(bytes(prefix[:8]), "little")
-    if n < 2 or n > MAX_HEADER or 8 + n > file_bytes:
-        raise bad(f"header length {n} is impossible for a file of {file_bytes} bytes")
-    if len(prefix) < 8 + n:
-        raise bad("header truncated")
     try:
-        header = json.loads(bytes(prefix[8:8 + n]).decode("utf-8"))
-    except (UnicodeDecodeError, json.JSONDecodeError):
-        raise bad("header is not valid JSON") from None
-    if not isinstance(header, dict):
-        raise bad("header is not a JSON object")
-    meta = header.pop("__metadata__", None)
-    if not isinstance(meta, dict) or not all(isinstance(k, str) and isinstance(v, str) for k, v in meta.items()):
+        parsed = safetensors.parse(prefix, file_bytes, MAX_HEADER)
+    except safetensors.HeaderError as e:
+        raise bad(str(e)) from None
+    header, meta = dict(parsed.tensors), parsed.metadata
+    if meta is None:
         raise bad("metadata missing or not a map of strings")
     if meta.get("format") != FORMAT:
         raise bad(f"format {meta.get('format')!r} is not {FORMAT!r}")
@@ -131,29 +122,20 @@ def parse_header(prefix: bytes | memoryview, file_bytes: int, name: str) -> Shar
         raise bad(f"kind {meta['kind']!r} is not one of {KINDS}")
     if set(header) != {"logits", "token_ids"}:
         raise bad(f"tensors {sorted(header)} are not exactly logits and token_ids")
-    data_start, data_bytes = 8 + n, file_bytes - 8 - n
-    spans = []
+    data_start, data_bytes = parsed.data_start, parsed.data_bytes
     for key, want_dtype, want_ndim in (("logits", "F32", 2), ("token_ids", "I32", 1)):
         t = header[key]
-        if not isinstance(t, dict) or t.get("dtype") != want_dtype:
-            raise bad(f"{key} dtype {t.get('dtype') if isinstance(t, dict) else t!r} is not {want_dtype}")
-        shape, offs = t.get("shape"), t.get("data_offsets")
-        if (not isinstance(shape, list) or len(shape) != want_ndim
-                or not all(type(s) is int and 0 <= s < 1 << 62 for s in shape)):
-            raise bad(f"{key} shape {shape!r} is not {want_ndim} non-negative integers")
-        if (not isinstance(offs, list) or len(offs) != 2 or not all(type(o) is int for o in offs)
-                or not 0 <= offs[0] <= offs[1] <= data_bytes):
-            raise bad(f"{key} byte range {offs!r} lies outside the {data_bytes} data bytes (truncated?)")
-        if math.prod(shape) * 4 != offs[1] - offs[0]:
-            raise bad(f"{key} shape {shape} needs {math.prod(shape) * 4} bytes, its range holds {offs[1] - offs[0]}")
-        if (data_start + offs[0]) % 4:
+        if t.dtype != want_dtype:
+            raise bad(f"{key} dtype {t.dtype!r} is not {want_dtype}")
+        if len(t.shape) != want_ndim:
+            raise bad(f"{key} shape {list(t.shape)} is not {want_ndim} non-negative integers")
+        if t.start % 4:
             raise bad(f"{key} data is not 4-byte aligned")
-        spans.append(offs)
-    spans.sort()
+    spans = sorted((t.start - data_start, t.start - data_start + t.nbytes) for t in header.values())
     if spans[0][0] != 0 or spans[0][1] != spans[1][0] or spans[1][1] != data_bytes:
         raise bad(f"tensor bytes do not exactly fill the {data_bytes} data bytes (truncated or padded)")
-    rows, vocab = header["logits"]["shape"]
-    length = header["token_ids"]["shape"][0]
+    rows, vocab = header["logits"].shape
+    (length,) = header["token_ids"].shape
     try:
         vocab_meta, row_start = int(meta["vocab_size"]), int(meta["row_start"])
     except ValueError:
@@ -163,8 +145,8 @@ def parse_header(prefix: bytes | memoryview, file_bytes: int, name: str) -> Shar
     if not 0 <= row_start < max(length, 1) or rows not in (length - row_start, length - row_start - 1):
         raise bad(f"{rows} logit rows do not fit {length} tokens from row_start {row_start}")
     return ShardHeader(meta=meta, rows=rows, vocab=vocab, length=length, row_start=row_start,
-                       logits_offset=data_start + header["logits"]["data_offsets"][0],
-                       token_ids_offset=data_start + header["token_ids"]["data_offsets"][0], file_bytes=file_bytes)
+                       logits_offset=header["logits"].start, token_ids_offset=header["token_ids"].start,
+                       file_bytes=file_bytes)
 
 
 def read_header(path: Path, name: str | None = None) -> ShardHeader:
