@@ -12,12 +12,13 @@ from pathlib import Path
 
 import numpy as np
 
+from fideval.formats.ids import cut_id, window_id
 from fideval.fsio import write_json, write_text
 from fideval.windows.layout import token_sha256
 
 
 def window_ids(domains: list[str], per_domain: int) -> list[tuple[str, str]]:
-    return [(f"{d}-{k:03d}", d) for d in domains for k in range(per_domain)]
+    return [(window_id(d, k), d) for d in domains for k in range(per_domain)]
 
 
 def records_frame(
@@ -43,7 +44,7 @@ def records_frame(
     rows = length - 1
     for (wid, dom), diff, skill in zip(windows, difficulty, ref_skill):
         for j in range(cuts):
-            seq = wid if cuts == 1 else f"{wid}.c{j}"
+            seq = wid if cuts == 1 else cut_id(wid, j)
             pos = np.arange(rows, dtype=np.int32)
             early = 1.0 + 2.0 / np.sqrt(1.0 + pos)
             kld = 0.01 * effect * diff * early * rng.gamma(0.4, 2.5, rows)

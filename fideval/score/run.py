@@ -25,6 +25,7 @@ import numpy as np
 import torch
 
 from fideval.errors import FidevalError
+from fideval.formats.ids import window_of
 from fideval.fsio import sha256_file, write_json
 from fideval.progress import progress
 from fideval.score import reference, torch_kernel
@@ -209,7 +210,7 @@ class _Run:
             self.top1 += int(flags[keep, 0].sum())
         self.lengths.add(length)
         entry = self.teacher.entry(sid)
-        return dict(seq_id=sid, window_id=str(entry.get("window_id", sid.split(".c")[0])), domain=str(entry.get("domain", "")),
+        return dict(seq_id=sid, window_id=str(entry.get("window_id", window_of(sid))), domain=str(entry.get("domain", "")),
                     length=length, positions=positions[keep], tokens=targets_np[keep], figs=figs[keep], flags=flags[keep])
 
 

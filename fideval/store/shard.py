@@ -16,14 +16,13 @@ from __future__ import annotations
 import hashlib
 import json
 import os
-import re
 from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
 
 from fideval.errors import FidevalError
-from fideval.formats import safetensors
+from fideval.formats import ids, safetensors
 from fideval.fsio import atomic_open
 
 FORMAT = "fideval.logits"
@@ -35,13 +34,12 @@ REQUIRED_META = ("format", "version", "seq_id", "window_id", "domain", "model_id
                  "tokenizer_sha256", "vocab_size", "kind", "row_start")
 MAX_HEADER = 1 << 20  # 1 MiB: two tensors and a few dozen metadata strings need a few KB
 _DTYPES = {"F32": np.dtype("<f4"), "I32": np.dtype("<i4")}
-_SEQ_ID = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,199}")
 _CHUNK = 1 << 24
 
 
 def check_seq_id(seq_id: str) -> str:
     """Sequence ids become file names: letters, digits, ``._-``, not starting with a dot, at most 200 chars."""
-    if not isinstance(seq_id, str) or not _SEQ_ID.fullmatch(seq_id) or ".." in seq_id:
+    if not ids.is_file_safe(seq_id):
         raise FidevalError(f"sequence id {seq_id!r} cannot be a shard name",
                            hint="use letters, digits, '.', '_' and '-' (window ids like 'code-003.c1' are fine)")
     return seq_id

@@ -28,6 +28,7 @@ from typing import Any
 
 from fideval.config import Config, Domain, resolve_path
 from fideval.errors import FidevalError
+from fideval.formats.ids import window_id
 from fideval.provenance import canonical_hash
 from fideval.windows.encode import Encoded, Encoder, load_tokenizer, tokenizer_sha256
 from fideval.windows.overlap import Overlap
@@ -48,7 +49,7 @@ class Built:
 
     @property
     def id(self) -> str:
-        return f"{self.domain}-{self.k:03d}"
+        return window_id(self.domain, self.k)
 
 
 @dataclass

@@ -15,6 +15,8 @@ from pathlib import Path
 
 import numpy as np
 
+from fideval.formats.ids import window_of
+
 FORMAT = "fideval.sequences"
 VERSION = "1"
 FILE = "tokens.safetensors"
@@ -31,7 +33,7 @@ class Sequences:
         return int(self.tokens.shape[1])
 
     def window_of(self, seq_id: str) -> str:
-        return seq_id.split(".c")[0]
+        return window_of(seq_id)
 
     def select_domains(self, domains: list[str] | tuple[str, ...] | None) -> "Sequences":
         """The sequences of the given domains, in their original order (all of them for ``None``)."""

@@ -15,6 +15,7 @@ from typing import Any
 import numpy as np
 
 from fideval.errors import FidevalError
+from fideval.formats.ids import cut_ids
 from fideval.fsio import atomic_path, write_json
 from fideval.provenance import tool_block
 from fideval.windows.build import Built
@@ -28,10 +29,6 @@ READABLE = (1, 2)  # v1 differs only in that field, so it is still read
 EVAL_WINDOWS = "eval-windows.json"
 INDEX = "index.parquet"
 STAGING = ".staging-"  # a dot-name: never mistaken for a result
-
-
-def cut_ids(window_id: str, n: int) -> list[str]:
-    return [f"{window_id}.c{j}" for j in range(n)]
 
 
 def _window_fields(win: Window) -> dict[str, Any]:

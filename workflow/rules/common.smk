@@ -11,6 +11,7 @@ container: "docker://ghcr.io/fideval/fideval:0.1.0"
 
 
 from fideval.config import load_config
+from fideval.formats.ids import sequence_ids
 
 # The stages read the config file themselves; the workflow takes its names and sizes from the same typed
 # model (defaults included), so the two can never disagree. Use --configfile, not --config overrides.
@@ -40,11 +41,8 @@ def windows_dir(run):
 
 
 def seq_ids(kind, domain):
-    """The sequence ids of one domain: windows <domain>-<k:03d>, cuts <window>.c<j> (fideval/windows/layout.py)."""
-    wins = [f"{domain}-{k:03d}" for k in range(WPD)]
-    if kind == "windows":
-        return wins
-    return [f"{w}.c{j}" for w in wins for j in range(W // C)]
+    """The sequence ids of one domain's windows or cuts (the grammar is fideval/formats/ids.py)."""
+    return sequence_ids(domain, WPD, None if kind == "windows" else W // C)
 
 
 def shard_outputs(kind):
