@@ -53,7 +53,7 @@ def run_one(model: Path, teachers: dict, spec_dict: dict | None, path: str, out_
     """Score one candidate on every domain; returns its pooled figures and bits."""
     import pyarrow.parquet as pq
 
-    from fideval.candidate import teacher_sequences
+    from fideval.score.candidate import teacher_sequences
     from fideval.model.runner import iter_logits
     from fideval.quant.spec import compile_spec
     from fideval.score.run import score_candidate

@@ -39,7 +39,7 @@ def register(app: typer.Typer) -> None:
         t = StoreReader(resolve_store(teacher))
         extra, order = None, None
         if config is not None:
-            from fideval.candidate import emulated
+            from fideval.score.candidate import emulated
             from fideval.config import load_config
 
             cfg = load_config(config)
