@@ -3,13 +3,12 @@
 from __future__ import annotations
 
 import json
-import unicodedata
 
 import numpy as np
 import pyarrow.parquet as pq
 import pytest
-from windows_fixtures import (chat_docs, make_tokenizer, run_cli, text_docs, write_config,
-                              write_jsonl)
+from windows_fixtures import chat_docs, make_tokenizer, run_cli, text_docs, write_config, write_jsonl
+from windows_oracles import oracle_grams
 
 from fideval.windows.layout import read_sequences, token_sha256
 
@@ -26,14 +25,8 @@ def tok(model):
     return AutoTokenizer.from_pretrained(str(model))
 
 
-def oracle_words(text):
-    t = unicodedata.normalize("NFKC", text).lower()
-    return "".join(c if unicodedata.category(c)[0] in "LNM" else " " for c in t).split()
-
-
 def grams(text, n=13):
-    w = oracle_words(text)
-    return [tuple(w[i:i + n]) for i in range(len(w) - n + 1)]
+    return oracle_grams(text, n)
 
 
 def build(tmp_path, model, capsys, domains, name="out", seed=None, **kw):

@@ -1,26 +1,26 @@
-"""The n-gram screen against brute-force Python sets: normalisation, hashing, index merging, fractions."""
+"""The n-gram screen against brute-force Python sets and the oracles of ``windows_oracles.py``: normalisation,
+hashing, the evaluation-side index, the streamed pass, fractions, attribution."""
 
 from __future__ import annotations
 
-import unicodedata
-
 import numpy as np
 import pytest
+from windows_oracles import (
+    CalibrationIndex,
+    attribute,
+    oracle_bytes_hash,
+    oracle_bytes_words,
+    oracle_grams,
+    oracle_ngram_hash,
+    oracle_word_hash,
+    oracle_words,
+    overlap_of,
+    overlaps_of,
+)
 
-from fideval.windows import ngrams as ng
-from fideval.windows.overlap import CalibrationIndex, Hasher, Queries, attribute, overlap_of
-
-
-def oracle_words(text: str) -> list[str]:
-    """Independent normaliser: NFKC, lower, per-character Unicode category test, split."""
-    t = unicodedata.normalize("NFKC", text).lower()
-    return "".join(c if unicodedata.category(c)[0] in "LNM" else " " for c in t).split()
-
-
-def oracle_grams(text: str, n: int) -> list[tuple[str, ...]]:
-    w = oracle_words(text)
-    return [tuple(w[i:i + n]) for i in range(len(w) - n + 1)]
-
+from fideval.windows.screen import Hasher, Probe, Queries, hashing, rank
+from fideval.windows.screen import ngrams as ng
+from fideval.windows.screen.scan import scan
 
 SAMPLES = [
     "Hello, World! The_quick brown-fox; jumps.",
@@ -112,8 +112,6 @@ def test_attribution_ranks_calibration_documents_by_shared_ngrams():
 
 
 def test_batched_overlaps_equal_per_document():
-    from fideval.windows.overlap import overlaps_of
-
     rng = np.random.default_rng(3)
     vocab = np.array([f"t{i}" for i in range(5)])
     cal = _rand_docs(rng, 20, vocab, 10, 60)
@@ -125,31 +123,6 @@ def test_batched_overlaps_equal_per_document():
     cal_set = {g for d in cal for g in oracle_grams(d, 5)}
     assert total.tolist() == [len(oracle_grams(d, 5)) for d in ev]
     assert matched.tolist() == [sum(g in cal_set for g in oracle_grams(d, 5)) for d in ev]
-
-
-M64 = (1 << 64) - 1
-
-
-def _smx(x: int) -> int:
-    x ^= x >> 30
-    x = (x * 0xBF58476D1CE4E5B9) & M64
-    x ^= x >> 27
-    x = (x * 0x94D049BB133111EB) & M64
-    return x ^ (x >> 31)
-
-
-def oracle_word_hash(word: str) -> int:
-    """The hash as documented in ngrams.py, transcribed with Python ints (independent of the kernels)."""
-    b = word.encode("utf-8")
-    chunks = [int.from_bytes(b[i:i + 8], "little") for i in range(0, len(b), 8)]
-    h = (chunks[0] + len(b) * 0x9E3779B97F4A7C15) & M64
-    for c in chunks[1:]:
-        h = (h * 0x100000001B3 + _smx(c)) & M64
-    return _smx(h)
-
-
-def oracle_ngram_hash(units: list[int]) -> int:
-    return _smx(sum(u * pow(0x9E3779B97F4A7C15, j, 1 << 64) for j, u in enumerate(units)) & M64)
 
 
 def test_compiled_hashes_equal_the_documented_definition():
@@ -176,13 +149,15 @@ def test_queries_pass_equals_bruteforce_and_full_index(unit):
     cal = _rand_docs(rng, 40, vocab, 10, 80)
     ev = _rand_docs(rng, 10, vocab, 5, 60) + [cal[5], cal[9][: len(cal[9]) // 3]]
     n = 4
+    ids = {w: i for i, w in enumerate(sorted({w for d in cal + ev for w in oracle_words(d)}))}
     if unit == "words":
         hasher = Hasher("words", n)
-        grams = (lambda d: oracle_grams(d, n))
     else:
-        ids = {w: i for i, w in enumerate(sorted({w for d in cal + ev for w in oracle_words(d)}))}
         hasher = Hasher("tokens", n, encode=lambda t: np.array([ids[w] for w in oracle_words(t)], np.int64))
-        grams = (lambda d: [tuple(ids[w] for w in g) for g in oracle_grams(d, n)])
+
+    def grams(d):
+        return oracle_grams(d, n) if unit == "words" else [tuple(ids[w] for w in g) for g in oracle_grams(d, n)]
+
     cal_set = {g for d in cal for g in grams(d)}
     full = CalibrationIndex.build(cal, hasher)
     q = Queries(hasher)
@@ -201,28 +176,8 @@ def test_queries_pass_equals_bruteforce_and_full_index(unit):
         assert ov.matched == overlap_of(h, full).matched
         assert np.array_equal(ov.matched_hashes, overlap_of(h, full).matched_hashes)
     # attribution from the same passes equals a pass of its own
-    from fideval.windows.overlap import rank
-
     targets = {str(i): q.overlap(hasher.of_texts([d])[0]).matched_hashes for i, d in enumerate(ev)}
     assert rank(q.pair_doc, q.pair_hash, q.origins, targets) == attribute(enumerate(cal), targets, hasher)
-
-
-def _oracle_bytes_words(buf: bytes, bounds: list[int]) -> list[tuple[bytes, int]]:
-    """(word, document) of raw bytes through the documented byte table (``ng._LUT``), one byte at a time."""
-    lut = ng._LUT.tolist()
-    out = []
-    for d in range(len(bounds) - 1):
-        mapped = bytes(lut[b] for b in buf[bounds[d]:bounds[d + 1]])
-        out += [(w, d) for w in mapped.split(b" ") if w]
-    return out
-
-
-def _oracle_bytes_hash(b: bytes) -> int:
-    chunks = [int.from_bytes(b[i:i + 8], "little") for i in range(0, len(b), 8)]
-    h = (chunks[0] + len(b) * 0x9E3779B97F4A7C15) & M64
-    for c in chunks[1:]:
-        h = (h * 0x100000001B3 + _smx(c)) & M64
-    return _smx(h)
 
 
 @pytest.mark.parametrize("alphabet", ["all", "dense"])
@@ -230,8 +185,6 @@ def test_byte_kernels_equal_the_byte_table(alphabet):
     """The compiled word loop (64-byte vector masks, edge extraction, unaligned loads) against the byte
     table byte by byte: every byte value, documents at every alignment, empty documents, blocks dense with
     one-letter words (more than 16 edges in 64 bytes), words longer than 16 bytes, unpadded buffers."""
-    from fideval.windows import kernels
-
     rng = np.random.default_rng(17)
     pool = np.arange(256, dtype=np.uint8) if alphabet == "all" else np.frombuffer(b"aZ9 .\x80\xff_", np.uint8)
     for trial in range(60):
@@ -243,48 +196,48 @@ def test_byte_kernels_equal_the_byte_table(alphabet):
                 raw[s:s + int(rng.integers(17, 70))] = rng.choice(np.frombuffer(b"aBc9\xc3", np.uint8))
         bounds = np.concatenate([[0], np.cumsum(lens)]).astype(np.int64)
         buf = bytes(raw)
-        want = _oracle_bytes_words(buf, bounds.tolist())
-        h, doc = kernels.word_hashes(np.frombuffer(buf, np.uint8), bounds)  # unpadded: the kernel pads a copy
-        assert list(zip(h.tolist(), doc.tolist())) == [(_oracle_bytes_hash(w), d) for w, d in want]
+        want = oracle_bytes_words(buf, bounds.tolist())
+        h, doc = hashing.word_hashes(np.frombuffer(buf, np.uint8), bounds)  # unpadded: the kernel pads a copy
+        assert list(zip(h.tolist(), doc.tolist())) == [(oracle_bytes_hash(w), d) for w, d in want]
         # the calibration pass over the same bytes: every n-gram probed, hits exactly the queried ones
         n = 1 + trial % 3
-        g, gd = kernels.ngram_hashes(h, doc, n)
-        from fideval.windows.overlap import Probe
-
+        g, gd = hashing.ngram_hashes(h, doc, n)
         chosen = g[rng.random(g.size) < 0.3]
         p = Probe.of(np.concatenate([chosen, rng.integers(0, 2**63, size=50, dtype=np.uint64)]))
-        sc = kernels.Scratch()
-        grams, hd, hq = kernels.scan_words(np.frombuffer(buf, np.uint8), bounds, n, p.bitmap, p.bits, p.hashes,
+        sc = hashing.Scratch()
+        grams, hd, hq = hashing.scan_words(np.frombuffer(buf, np.uint8), bounds, n, p.bitmap, p.bits, p.hashes,
                                            p.starts, p.bucket_bits, sc)
         found = p.find(g)
         assert grams == g.size
         assert hd.tolist() == gd[found >= 0].tolist() and hq.tolist() == found[found >= 0].tolist()
 
 
-def test_scan_results_do_not_depend_on_which_thread_hashed_a_batch():
+def test_scan_results_do_not_depend_on_which_thread_hashed_a_batch(monkeypatch):
     """The calibration pass hashes a batch on the calling thread when the workers are behind; a slow
     worker forces that path, and the counts, pairs and origins must equal a pass on the calling thread."""
     import threading
     import time
 
-    from fideval.windows.overlap import Probe, scan
+    import fideval.windows.screen.scan as scan_module
 
     rng = np.random.default_rng(4)
     vocab = np.array([f"s{i}" for i in range(4)])
     cal = _rand_docs(rng, 60, vocab, 5, 40)
     where: list[str] = []
+    fast = scan_module.probe_batch
 
-    class SlowWorkers(Hasher):
-        def probe(self, prepared, p):
-            on_main = threading.current_thread() is threading.main_thread()
-            where.append("main" if on_main else "worker")
-            if not on_main:
-                time.sleep(0.02)
-            return super().probe(prepared, p)
+    def slow_workers(hasher, prepared, p):
+        on_main = threading.current_thread() is threading.main_thread()
+        where.append("main" if on_main else "worker")
+        if not on_main:
+            time.sleep(0.02)
+        return fast(hasher, prepared, p)
 
-    hasher = SlowWorkers("words", 3)
+    hasher = Hasher("words", 3)
     probe = Probe.of(hasher.of_texts(cal[::7])[0])
+    monkeypatch.setattr(scan_module, "probe_batch", slow_workers)
     res = scan(enumerate(cal), hasher, probe, batch_chars=50, threads=1)
+    monkeypatch.undo()
     assert {"main", "worker"} <= set(where)
     ref = scan(enumerate(cal), Hasher("words", 3), probe, batch_chars=10**9, threads=1)  # one batch, one worker
     assert (res.documents, res.ngrams) == (ref.documents, ref.ngrams) == (len(cal), sum(len(oracle_grams(d, 3)) for d in cal))

@@ -46,40 +46,8 @@ def register(app: typer.Typer) -> None:
         windows_dir: Path = typer.Option(..., "--windows", help="a folder written by 'fideval windows'"),
     ) -> None:
         """Report each window's n-gram overlap with the calibration data (writes nothing)."""
-        from fideval.config import load_config, resolve_path
-        from fideval.windows.encode import Encoder, load_tokenizer
-        from fideval.windows.layout import length_dir, read_sequences
-        from fideval.windows.records import read_eval_windows
-        from fideval.windows.screen import Screen
+        from fideval.config import load_config
+        from fideval.windows.screen import report_lines, rescreen
 
-        cfg = load_config(config)
-        rec = read_eval_windows(windows_dir)
-        seqs = read_sequences(length_dir(windows_dir, "windows", rec["windows_config"]["window_tokens"]))
-        tok_dir = resolve_path(cfg.model.tokenizer or cfg.model.path)
-        enc = Encoder(load_tokenizer(tok_dir, cfg.model.trust_remote_code), rec["windows_config"]["separator"])
-        # the windows are all known up front: queue them all, then one calibration pass
-        scr = Screen.from_config(cfg.screen, enc)
-        if scr is None:
-            typer.echo("screen: skipped (no screen.calibration configured)")
-            return
-        rows = {i: t for i, t in zip(seqs.ids, seqs.tokens)}
-        segments = {}
-        for w in rec["windows"]:
-            if w["id"] not in rows:
-                raise FidevalError(f"{windows_dir}: window {w['id']} is in eval-windows.json but not in the token file",
-                                   hint="rebuild the windows")
-            t = rows[w["id"]]
-            segments[w["id"]] = [t[a:b] for a, b in (d["tokens"] for d in w["documents"]) if b > a]
-            scr.of_segments(segments[w["id"]])  # queues its n-grams
-        scr.resolve()
-        limit = cfg.screen.max_window_fraction
-        fails = 0
-        typer.echo(f"{'window':<24} {'ngrams':>8} {'matched':>8} {'fraction':>9}  recorded  verdict")
-        for w in rec["windows"]:
-            ov = scr.of_segments(segments[w["id"]])
-            fails += ov.fraction > limit
-            old = w["overlap"]["fraction"] if w.get("overlap") else None
-            typer.echo(f"{w['id']:<24} {ov.total:>8} {ov.matched:>8} {ov.fraction:>9.4f}  "
-                       f"{'-' if old is None else f'{old:.4f}':>8}  {'FAIL' if ov.fraction > limit else 'ok'}")
-        typer.echo(f"screen: {fails} of {len(rec['windows'])} windows above {limit:.1%} "
-                   f"({cfg.screen.unit} {cfg.screen.ngram}-grams, {scr.documents} calibration documents)")
+        for line in report_lines(*rescreen(load_config(config), windows_dir)):
+            typer.echo(line)

@@ -7,7 +7,7 @@ unused documents (the rejection is recorded on the window that replaced it), at 
 ``screen.max_replacements`` times per domain.
 
 **How the screen is driven (why the stage runs in rounds).** The screen indexes the evaluation side and
-streams the calibration data past it (``overlap.py``), so it needs the n-grams *before* the pass, while
+streams the calibration data past it (``screen/``), so it needs the n-grams *before* the pass, while
 which windows get packed depends on the screen's answers (a rejected window is replaced by later
 documents; a dropped conversation shifts everything packed after it). So the stage runs the plain
 sequential algorithm above in rounds: a round runs it with the answers known so far, treating an
@@ -31,9 +31,8 @@ from fideval.errors import FidevalError
 from fideval.formats.ids import window_id
 from fideval.provenance import canonical_hash
 from fideval.windows.encode import Encoded, Encoder, load_tokenizer, tokenizer_sha256
-from fideval.windows.overlap import Overlap
 from fideval.windows.packing import Window, domain_rng, pack_window, sampled
-from fideval.windows.screen import Screen
+from fideval.windows.screen import Overlap, Screen
 from fideval.windows.sources import Document, describe, iter_documents
 
 

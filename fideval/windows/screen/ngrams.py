@@ -10,10 +10,10 @@ GPT-3's decontamination and lm-evaluation-harness's ``decontamination/janitor.py
 4. split on whitespace. A content n-gram is ``n`` consecutive words of *one* document: n-grams never
    straddle a document boundary (a separator token is not content).
 
-ASCII text takes a fast path (the 256-entry byte table ``_LUT``, applied inside the compiled loop as
-vector range tests that equal it byte for byte) that is, by construction, the same mapping as the regex
+ASCII text takes a fast path: the compiled loop maps its bytes itself (letters lowercased, digits kept,
+every other ASCII byte a space, bytes >= 0x80 as they are), by construction the same mapping as the regex
 path restricted to ASCII; other text goes through the regex path first. The test suite checks both
-against a per-character Python oracle, and the compiled loop against the table for all 256 byte values.
+against a per-character Python oracle, and the compiled loop against that byte table for all 256 values.
 
 **Hashing** (all arithmetic mod 2^64; ``smx`` is the splitmix64 finaliser; P = 0x100000001B3,
 Q = 0x9E3779B97F4A7C15):
@@ -24,7 +24,7 @@ Q = 0x9E3779B97F4A7C15):
 * an n-gram of word hashes ``w_0..w_{n-1}`` hashes to ``smx(sum_j w_j * Q^j)``;
 * a token id (unit ``tokens``) is the unit ``smx(id + 1)``, and its n-grams use the same polynomial.
 
-The loops live in :mod:`fideval.windows.kernels` (numba): per document, 64-byte vector blocks for the
+The loops live in :mod:`fideval.windows.screen.hashing` (numba): per document, 64-byte vector blocks for the
 word edges, one hash per word from 8-byte loads, a rolling polynomial for the n-grams, no Python object
 per word. Two distinct n-grams share a hash with
 probability ~2^-64, so against a calibration set of N distinct n-grams a window n-gram is falsely
@@ -35,25 +35,18 @@ the 2-5 % thresholds.
 from __future__ import annotations
 
 import unicodedata
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 
 import numpy as np
 import regex
 
-from fideval.windows import kernels
+from fideval.windows.screen import hashing
 
 _U64 = np.uint64
 _NONWORD = regex.compile(r"[^\p{L}\p{N}\p{M}]+")
 
-# ASCII fast path: letters lowercased, digits kept, every other ASCII byte -> space; bytes >= 0x80 unchanged.
-_LUT = np.full(256, 32, dtype=np.uint8)
-_LUT[ord("0"):ord("9") + 1] = np.arange(ord("0"), ord("9") + 1)
-_LUT[ord("a"):ord("z") + 1] = np.arange(ord("a"), ord("z") + 1)
-_LUT[ord("A"):ord("Z") + 1] = np.arange(ord("a"), ord("z") + 1)
-_LUT[128:] = np.arange(128, 256)
-
-
-_PAD = bytes(kernels.PAD)  # zero bytes after the last text: the kernels' 64-byte loads may read past it
+_PAD = bytes(hashing.PAD)  # zero bytes after the last text: the compiled 64-byte loads may read past it
 
 
 def normalize_text(text: str) -> str:
@@ -73,7 +66,7 @@ def _doc_bytes(text: str) -> bytes:
 
 def doc_buffer(texts: Sequence[str]) -> tuple[np.ndarray, np.ndarray]:
     """(bytes of every text, back to back, as uint8; bounds: text ``d`` is ``buf[bounds[d]:bounds[d+1]]``):
-    what the compiled loops read, followed by ``kernels.PAD`` zero bytes that they may load past the last
+    what the compiled loops read, followed by ``hashing.PAD`` zero bytes that they may load past the last
     text. ASCII texts go in as they are (the byte table normalises them); others go through
     :func:`normalize_text` first."""
     parts = [_doc_bytes(t) for t in texts]
@@ -83,36 +76,10 @@ def doc_buffer(texts: Sequence[str]) -> tuple[np.ndarray, np.ndarray]:
     return np.frombuffer(b"".join(parts), np.uint8), bounds
 
 
-def block_buffer(buf: np.ndarray, bounds: np.ndarray, texts: dict[int, str]) -> tuple[np.ndarray, np.ndarray]:
-    """:func:`doc_buffer` of a block of documents (``sources.TextBlock``): document ``i`` is the Python
-    string ``texts[i]``, or else the ASCII bytes ``buf[bounds[i]:bounds[i+1]]`` (then taken as they are,
-    with no copy when every document is)."""
-    if not texts:
-        return buf, bounds
-    n = bounds.size - 1
-    lens = np.diff(bounds)
-    mv = memoryview(buf)
-    parts: list = []
-    prev = 0
-    for i in sorted(texts):
-        if i > prev:  # documents prev..i-1: bytes already
-            parts.append(mv[bounds[prev]:bounds[i]])
-        b = _doc_bytes(texts[i])
-        parts.append(b)
-        lens[i] = len(b)
-        prev = i + 1
-    if prev < n:
-        parts.append(mv[bounds[prev]:bounds[n]])
-    parts.append(_PAD)
-    out = np.zeros(n + 1, np.int64)
-    np.cumsum(lens, out=out[1:])
-    return np.frombuffer(b"".join(parts), np.uint8), out
-
-
 def word_hashes(texts: Sequence[str]) -> tuple[np.ndarray, np.ndarray]:
     """64-bit hashes of the normalised words of ``texts``, concatenated, and the index of each word's text."""
     buf, bounds = doc_buffer(texts)
-    return kernels.word_hashes(buf, bounds)
+    return hashing.word_hashes(buf, bounds)
 
 
 def sorted_unique(x: np.ndarray, *, in_place: bool = False) -> np.ndarray:
@@ -134,8 +101,8 @@ def sorted_unique(x: np.ndarray, *, in_place: bool = False) -> np.ndarray:
 def text_ngrams(texts: Sequence[str], n: int) -> tuple[np.ndarray, np.ndarray]:
     """(n-gram hashes, index of the text each came from) for word n-grams of each text separately."""
     buf, bounds = doc_buffer(texts)
-    h, doc = kernels.word_hashes(buf, bounds)
-    return kernels.ngram_hashes(h, doc, n)
+    h, doc = hashing.word_hashes(buf, bounds)
+    return hashing.ngram_hashes(h, doc, n)
 
 
 def token_units(seqs: Sequence[np.ndarray]) -> tuple[np.ndarray, np.ndarray]:
@@ -144,10 +111,39 @@ def token_units(seqs: Sequence[np.ndarray]) -> tuple[np.ndarray, np.ndarray]:
         return np.zeros(0, _U64), np.zeros(0, np.int64)
     lens = np.array([len(s) for s in seqs], dtype=np.int64)
     doc = np.repeat(np.arange(len(seqs), dtype=np.int64), lens)
-    return kernels.mix_units(np.concatenate([np.asarray(s, dtype=np.int64) for s in seqs])), doc
+    return hashing.mix_units(np.concatenate([np.asarray(s, dtype=np.int64) for s in seqs])), doc
 
 
 def token_ngrams(seqs: Sequence[np.ndarray], n: int) -> tuple[np.ndarray, np.ndarray]:
     """(n-gram hashes, sequence index) for token-id n-grams within each sequence separately."""
     units, doc = token_units(seqs)
-    return kernels.ngram_hashes(units, doc, n)
+    return hashing.ngram_hashes(units, doc, n)
+
+
+@dataclass
+class Hasher:
+    """Turns document payloads into n-gram hashes for one unit: ``words`` (payload = text) or ``tokens``
+    (payload = token ids; ``encode`` maps text to ids)."""
+
+    unit: str
+    n: int
+    encode: Callable[[str], np.ndarray] | None = None
+
+    def of_texts(self, texts: Sequence[str]) -> tuple[np.ndarray, np.ndarray]:
+        if self.unit == "words":
+            return text_ngrams(texts, self.n)
+        assert self.encode is not None, "the tokens unit needs a tokenizer"
+        return token_ngrams([self.encode(t) for t in texts], self.n)
+
+    def of_tokens(self, seqs: Sequence[np.ndarray], decode: Callable[[np.ndarray], str]) -> tuple[np.ndarray, np.ndarray]:
+        if self.unit == "words":
+            return text_ngrams([decode(s) for s in seqs], self.n)
+        return token_ngrams(seqs, self.n)
+
+    def prepare(self, texts: Sequence[str]) -> tuple[np.ndarray, np.ndarray]:
+        """The part of hashing that needs Python objects (normalising non-ASCII text, encoding tokens): done
+        on the calling thread; the rest (``scan``'s compiled probe loop) needs no GIL."""
+        if self.unit == "words":
+            return doc_buffer(texts)
+        assert self.encode is not None, "the tokens unit needs a tokenizer"
+        return token_units([self.encode(t) for t in texts])

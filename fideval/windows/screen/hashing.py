@@ -1,27 +1,22 @@
 """Compiled inner loops of the overlap screen (numba): word hashes, n-gram hashes, query probes.
 
-Why compiled: the calibration side of the screen is tens of millions of words. As whole-array numpy
-expressions the word hash alone needs a dozen passes over the batch (byte table, edge scan, gathers,
-masks, one pass per 8-byte chunk), each over fresh arrays, and the n-gram hash and the lookup several
-more. Here the calibration pass (:func:`scan_words`) takes a batch one document at a time: 64-byte blocks
-are classified and lowercased with vector instructions (:func:`_block64`), word edges come out of the
-block masks with ``tzcnt``/``popcnt``, each word is hashed from unaligned 8-byte loads, then the document's
-n-grams are rolled and probed, every work array sized to one document and reused (:class:`Scratch`), so
-they stay in the L1/L2 cache and nothing of the batch but its bytes and its hits crosses memory. All of it
-runs without the GIL (``nogil=True``), so worker threads hash batches while the main thread parses the
-next. On the bench (2,000-word documents, AMD EPYC, one thread) a 426 MB calibration set takes ~0.6 s
-(~0.07 s edges, ~0.2 s word hashes, ~0.1 s n-grams, ~0.2 s probes), against ~1.3 s for the previous
-three-pass version (byte-at-a-time table copy and edge scan, batch-sized int64 arrays between passes).
+Why compiled: the calibration side of the screen is tens of millions of words, and as whole-array numpy
+expressions the word hash alone needs a dozen passes over fresh arrays. Here the calibration pass
+(:func:`scan_words`) takes a batch one document at a time: 64-byte blocks are classified and lowercased with
+vector instructions (:func:`_block64`), word edges come out of the block masks with ``tzcnt``/``popcnt``,
+each word is hashed from unaligned 8-byte loads, then the document's n-grams are rolled and probed, every
+work array sized to one document and reused (:class:`Scratch`), so they stay in cache. All of it runs
+without the GIL (``nogil=True``), so worker threads hash batches while the main thread reads the next. On
+the bench (``bench/overlap.py``, one thread) a 426 MB calibration set takes ~0.6 s.
 
 The vector code is LLVM IR written through numba intrinsics (``_block64``, ``_load64``, ``_ctz``,
-``_popcnt``): LLVM lowers it to AVX-512, AVX2 or SSE2 as the machine has them, so it is portable. numba
-(a dependency for this reason) compiles these on first use and caches the machine code beside this file
-(``cache=True``; a read-only install falls back to numba's user-wide cache folder).
+``_popcnt``): LLVM lowers it to AVX-512, AVX2 or SSE2 as the machine has them. numba compiles these on
+first use and caches the machine code beside this file (``cache=True``).
 
-The hash definitions are those of :mod:`fideval.windows.ngrams`, whose docstring is the reference; the
-test suite checks these loops against a pure-Python transcription of that definition and of the byte
-table. All arithmetic is uint64, wrapping mod 2^64 (every operand is cast explicitly: numba turns mixed
-int64/uint64 arithmetic into float64).
+The hash definitions are those of :mod:`fideval.windows.screen.ngrams`, whose docstring is the reference;
+the test suite checks these loops against a pure-Python transcription of that definition and of the byte
+table (``tests/windows_oracles.py``). All arithmetic is uint64, wrapping mod 2^64 (every operand is cast
+explicitly: numba turns mixed int64/uint64 arithmetic into float64).
 """
 
 from __future__ import annotations
@@ -38,7 +33,7 @@ _U = np.uint64
 P = _U(0x100000001B3)  # base folding a long word's 8-byte chunks (FNV prime, odd)
 Q = _U(0x9E3779B97F4A7C15)  # n-gram polynomial base (golden ratio, odd)
 if sys.byteorder != "little":  # the loads below read bytes as little-endian integers and vector masks
-    raise ImportError("fideval.windows.kernels needs a little-endian machine")
+    raise ImportError("fideval.windows.screen.hashing needs a little-endian machine")
 
 
 @njit(inline="always")
@@ -116,7 +111,7 @@ def _load64(typingctx, buf, i):
 @intrinsic
 def _block64(typingctx, buf, i, t, j):
     """The 64 bytes ``buf[i:i+64]``: returns the word-byte mask (bit k set iff ``buf[i+k]`` is an ASCII
-    digit or letter, or any byte >= 0x80: the bytes ``ngrams._LUT`` does not map to a space) and stores
+    digit or letter, or any byte >= 0x80: the bytes the byte table of ``ngrams`` does not map to a space) and stores
     them lowercased (A-Z to a-z, every other byte as it is) into ``t[j:j+64]``. One vector load, four
     range tests (``b - '0' < 10``; ``(b | 0x20) - 'a' < 26``, which folds A-Z onto a-z and nothing else
     onto them; ``b - 'A' < 26``; ``b >= 0x80``), one vector store, the 64 results read as one integer: a
@@ -127,8 +122,12 @@ def _block64(typingctx, buf, i, t, j):
 
     def codegen(context, builder, signature, args):
         v = _vec64(context, builder, signature.args[0], args[0], args[1])
-        c = (lambda k: ir.Constant(_V64, [k] * 64))
-        below = (lambda x, lo, n: builder.icmp_unsigned("<", builder.sub(x, c(lo)), c(n)))
+        def c(k):
+            return ir.Constant(_V64, [k] * 64)
+
+        def below(x, lo, n):
+            return builder.icmp_unsigned("<", builder.sub(x, c(lo)), c(n))
+
         digit = below(v, 0x30, 10)
         alpha = below(builder.or_(v, c(0x20)), 0x61, 26)
         high = builder.icmp_signed("<", v, c(0))
@@ -164,9 +163,8 @@ def _doc_words(buf, b0, b1, e, t, wh):
 
     Then each word is hashed on its own from unaligned 8-byte loads of ``t`` (still in the L1 cache), so the
     multiplies of many words overlap; the second chunk is always computed and kept by a select (no branch
-    on word length up to 16 bytes). ~4 ns a word. Arrays are passed once per document: numba counts
-    references on each call, which per chunk (a first version, with helpers taking arrays) made this loop
-    4x slower."""
+    on word length up to 16 bytes). ~4 ns a word. Arrays are passed once per document (numba counts
+    references on each call)."""
     ke = 0
     carry = _U(0)
     p = b0
@@ -241,7 +239,7 @@ class Scratch:
 
 def word_hashes(buf: np.ndarray, bounds: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     """(hash, document) of every word of documents ``buf[bounds[d]:bounds[d+1]]``. A word is a maximal run
-    of word bytes (ASCII letters and digits, bytes >= 0x80: the table ``ngrams._LUT`` maps every other
+    of word bytes (ASCII letters and digits, bytes >= 0x80: the byte table of ``ngrams`` maps every other
     byte to a space, and A-Z to a-z); its hash is splitmix64 of (chunk0 + len*Q), each further 8-byte
     chunk folded in as h*P + splitmix64(chunk). See :func:`_doc_words`."""
     buf = _padded(buf, bounds)
@@ -395,11 +393,9 @@ def scan_words(buf, bounds, n, bitmap, bits, q, starts, bucket_bits, scratch: Sc
 def _scan_words(buf, bounds, n, bitmap, bits, q, starts, bucket_bits, e, low, wh, g, hd, hq):
     """Document by document: word hashes (:func:`_doc_words`), n-gram hashes, probes, each into arrays of
     one document that stay in cache and are reused for the next, so nothing of the batch but the bytes and
-    the hits crosses memory. The probe has its own loop: fused into the rolling hash it measured slower
-    (1.2-1.4 s against 0.9-1.1 s for the bench's 426 MB on a loaded machine: each probe's load then waits
-    on the multiply chain). Its prefilter words are prefetched ``AHEAD`` n-grams early: the 4 MB prefilter
-    lives in the L3 cache shared with the thread reading JSON (and the machine's other jobs), and the hint
-    measured 0.96-1.05 s against 1.11-1.63 s a pass (0.7-1.0 against 1.1-1.3 s on one thread alone)."""
+    the hits crosses memory. The probe has its own loop (fused into the rolling hash it measured ~25 %
+    slower: each probe's load waits on the multiply chain), and its prefilter words are prefetched
+    ``AHEAD`` n-grams early (the 4 MB prefilter lives in a shared L3 cache; the hint saved ~15 % a pass)."""
     wshift, sshift = _U(64 - (bits - 6)), _U(64 - bucket_bits)
     qinv = _qinv()
     qn1 = _U(1)
@@ -472,298 +468,3 @@ def _hits(g, gd, bitmap, bits, q, starts, bucket_bits, hd, hq):
         hq[k] = j
         k += np.int64(j >= 0)
     return g.size, hd[:k].copy(), hq[:k].copy()
-
-
-# == JSON lines: one string field per line, unescaped, for the calibration pass ===========================
-
-
-@intrinsic
-def _special64(typingctx, buf, i):
-    """The 64 bytes ``buf[i:i+64]``: mask of those that end a plain run inside a JSON string: ``"``, ``\\``,
-    control bytes (< 0x20, which JSON forbids unescaped, the line's newline among them) and bytes >= 0x80
-    (non-ASCII: left to the Python path). One vector load, three compares."""
-    if not _bytes_type(buf):
-        return None
-
-    def codegen(context, builder, signature, args):
-        v = _vec64(context, builder, signature.args[0], args[0], args[1])
-        c = (lambda k: ir.Constant(_V64, [k] * 64))
-        m = builder.or_(builder.or_(builder.icmp_unsigned("==", v, c(0x22)), builder.icmp_unsigned("==", v, c(0x5C))),
-                        builder.icmp_signed("<", v, c(0x20)))
-        return builder.bitcast(m, ir.IntType(64))
-    return types.uint64(buf, types.intp), codegen
-
-
-@intrinsic
-def _newline64(typingctx, buf, i):
-    """Mask of the ``\\n`` bytes of ``buf[i:i+64]``."""
-    if not _bytes_type(buf):
-        return None
-
-    def codegen(context, builder, signature, args):
-        v = _vec64(context, builder, signature.args[0], args[0], args[1])
-        return builder.bitcast(builder.icmp_unsigned("==", v, ir.Constant(_V64, [10] * 64)), ir.IntType(64))
-    return types.uint64(buf, types.intp), codegen
-
-
-@intrinsic
-def _copy64(typingctx, src, i, dst, j):
-    """``dst[j:j+64] = src[i:i+64]``: one unaligned vector load and store, no bounds check."""
-    if not (_bytes_type(src) and _bytes_type(dst)):
-        return None
-
-    def codegen(context, builder, signature, args):
-        v = _vec64(context, builder, signature.args[0], args[0], args[1])
-        builder.store(v, _vec64_ptr(context, builder, signature.args[2], args[2], args[3]), align=1)
-        return context.get_dummy_value()
-    return types.none(src, types.intp, dst, types.intp), codegen
-
-
-MAX_INT_DIGITS = 4000  # longer integer literals are left to json.loads (Python limits int() to 4300 digits)
-_DEPTH = 64  # deeper nesting is left to json.loads
-
-
-@njit(inline="always")
-def _hex(b):
-    """The value of an ASCII hex digit, or -1."""
-    x = np.int64(b)
-    if 48 <= x <= 57:
-        return x - 48
-    x |= 0x20
-    if 97 <= x <= 102:
-        return x - 87
-    return np.int64(-1)
-
-
-@njit(nogil=True, cache=True)
-def _json_line(raw, p, n, key, out, o, stack):
-    """Parse the JSON line starting at ``raw[p]``, requiring a strict subset of what ``json.loads`` accepts:
-    an object (``{...}`` with only spaces and tabs around it up to the ``\\n``), plain-ASCII bytes, strings
-    whose escapes are the JSON ones, numbers of JSON's grammar (integer part <= MAX_INT_DIGITS digits),
-    ``true``/``false``/``null``, nesting <= _DEPTH, and exactly one top-level member named ``key`` (no escape
-    in top-level member names), whose value is a string unescaping to ASCII. Its unescaped bytes are
-    written to ``out[o:]``. Returns (end, o_end): ``end`` the index of the line's ``\\n`` (or ``n``, the
-    block's end) and ``o_end`` the end of the text in ``out``; ``end = -1`` when the line is
-    not of that subset (json.loads decides it then: the subset has exactly json.loads's meaning, anything
-    else is not answered here). ``raw[n:n + PAD]`` is zero: every loop stops at the first of those bytes."""
-    q = p
-    while raw[q] == 32 or raw[q] == 9:
-        q += 1
-    if raw[q] != 123:  # '{'
-        return -1, o
-    q += 1
-    depth = 1
-    stack[0] = 0  # 0: in an object, 1: in an array
-    state = 2  # 0 expect a value, 1 after a value, 2 expect a key or '}', 3 expect a key, 4 a value or ']'
-    found = 0
-    field = False
-    o0 = o
-    o1 = o
-    while True:
-        while raw[q] == 32 or raw[q] == 9:
-            q += 1
-        c = raw[q]
-        if state == 1:
-            if depth == 0:
-                if c == 10 or q == n:
-                    return (q, o1) if found == 1 else (-1, o)
-                return -1, o
-            if c == 44:  # ','
-                q += 1
-                state = 3 if stack[depth - 1] == 0 else 0
-            elif c == 125 and stack[depth - 1] == 0:  # '}'
-                q += 1
-                depth -= 1
-            elif c == 93 and stack[depth - 1] == 1:  # ']'
-                q += 1
-                depth -= 1
-            else:
-                return -1, o
-            continue
-        if state == 2 and c == 125:
-            q += 1
-            depth -= 1
-            state = 1
-            continue
-        if state == 4 and c == 93:
-            q += 1
-            depth -= 1
-            state = 1
-            continue
-        if state >= 2 and state <= 3 and c != 34:
-            return -1, o
-        if c == 34:  # a string: a key (states 2, 3) or a value
-            is_key = state == 2 or state == 3
-            copy = field and not is_key
-            q += 1
-            s0 = q
-            esc = False
-            while True:
-                m = _special64(raw, q)
-                if copy:
-                    _copy64(raw, q, out, o)
-                if m == _U(0):
-                    q += 64
-                    if copy:
-                        o += 64
-                    continue
-                k = np.int64(_ctz(m))
-                q += k
-                if copy:
-                    o += k
-                b = raw[q]
-                if b == 34:
-                    break
-                if b != 92:  # a control byte, a non-ASCII byte, or the end of the line
-                    return -1, o0
-                esc = True
-                b = raw[q + 1]
-                if b == 34 or b == 92 or b == 47:
-                    v = np.int64(b)
-                elif b == 98:
-                    v = 8
-                elif b == 102:
-                    v = 12
-                elif b == 110:
-                    v = 10
-                elif b == 114:
-                    v = 13
-                elif b == 116:
-                    v = 9
-                elif b == 117:  # \uXXXX
-                    v = 0
-                    for j in range(2, 6):
-                        x = _hex(raw[q + j])
-                        if x < 0:
-                            return -1, o0
-                        v = v * 16 + x
-                    q += 4
-                    if copy and v >= 128:
-                        return -1, o0  # non-ASCII text: the Python path normalises it
-                else:
-                    return -1, o0
-                if copy:
-                    out[o] = np.uint8(v)
-                    o += 1
-                q += 2
-            s1 = q
-            q += 1
-            if is_key:
-                field = False
-                if depth == 1:
-                    if esc:
-                        return -1, o0
-                    if s1 - s0 == key.size:
-                        field = True
-                        for j in range(key.size):
-                            if raw[s0 + j] != key[j]:
-                                field = False
-                                break
-                    if field:
-                        found += 1
-                        if found > 1:
-                            return -1, o0
-                while raw[q] == 32 or raw[q] == 9:
-                    q += 1
-                if raw[q] != 58:  # ':'
-                    return -1, o0
-                q += 1
-                state = 0
-            else:
-                if copy:
-                    o1 = o
-                field = False
-                state = 1
-            continue
-        if field:  # the field's value is not a string: json.loads's path says so
-            return -1, o0
-        if c == 123 or c == 91:  # '{', '['
-            if depth == _DEPTH:
-                return -1, o0
-            stack[depth] = 0 if c == 123 else 1
-            depth += 1
-            q += 1
-            state = 2 if c == 123 else 4
-            continue
-        if c == 45 or 48 <= c <= 57:  # a number: -?(0|[1-9][0-9]*)(.[0-9]+)?([eE][+-]?[0-9]+)?
-            if c == 45:
-                q += 1
-            if raw[q] == 48:
-                q += 1
-            elif 49 <= raw[q] <= 57:
-                d0 = q
-                while 48 <= raw[q] <= 57:
-                    q += 1
-                if q - d0 > MAX_INT_DIGITS:
-                    return -1, o0
-            else:
-                return -1, o0
-            if raw[q] == 46:
-                q += 1
-                if not 48 <= raw[q] <= 57:
-                    return -1, o0
-                while 48 <= raw[q] <= 57:
-                    q += 1
-            if raw[q] == 101 or raw[q] == 69:
-                q += 1
-                if raw[q] == 43 or raw[q] == 45:
-                    q += 1
-                if not 48 <= raw[q] <= 57:
-                    return -1, o0
-                while 48 <= raw[q] <= 57:
-                    q += 1
-            state = 1
-            continue
-        if c == 116 and raw[q + 1] == 114 and raw[q + 2] == 117 and raw[q + 3] == 101:  # true
-            q += 4
-        elif c == 102 and raw[q + 1] == 97 and raw[q + 2] == 108 and raw[q + 3] == 115 and raw[q + 4] == 101:
-            q += 5
-        elif c == 110 and raw[q + 1] == 117 and raw[q + 2] == 108 and raw[q + 3] == 108:  # null
-            q += 4
-        else:
-            return -1, o0
-        state = 1
-
-
-@njit(nogil=True, cache=True)
-def jsonl_field(raw, p, n, key, out, o, ls, le, ob, oe):
-    """Lines of the block ``raw[:n]`` (whole lines; ``raw[n:n + PAD]`` zero) from ``p``: line k is
-    ``raw[ls[k]:le[k]]`` (without its ``\\n``); if it is of :func:`_json_line`'s subset, its field's
-    unescaped text is ``out[ob[k]:oe[k]]`` (written from ``out[o]`` on, back to back), else ``oe[k] = -1``
-    (json.loads's path decides the line). Stops when ``ls`` is full; returns (lines, next p, next o).
-    ``out`` has room for ``n - p + PAD`` bytes from ``o``: the text of a line is never longer than it."""
-    stack = np.empty(_DEPTH, np.uint8)
-    k = 0
-    while p < n and k < ls.size:
-        e, o2 = _json_line(raw, p, n, key, out, o, stack)
-        ls[k] = p
-        if e >= 0:
-            ob[k] = o
-            oe[k] = o2
-            o = o2
-        else:
-            oe[k] = -1
-            ob[k] = o
-            e = p
-            while True:  # the line's end: the next '\n', or the block's end
-                m = _newline64(raw, e)
-                if m != _U(0):
-                    e += np.int64(_ctz(m))
-                    break
-                e += 64
-                if e >= n:
-                    break
-            e = min(e, n)
-        le[k] = e
-        p = e + 1
-        k += 1
-    return k, p, o
-
-
-@njit(nogil=True, cache=True)
-def last_newline(raw, n):
-    """Index of the last ``\\n`` in ``raw[:n]``, or -1."""
-    for i in range(n - 1, -1, -1):
-        if raw[i] == 10:
-            return i
-    return -1

@@ -1,8 +1,8 @@
 """The screen as the windows stage uses it: wire the calibration sources and the tokenizer to the index,
-measure a conversation or a window, attribute matches. (The index and the n-gram rule live in
-``overlap.py`` and ``ngrams.py``.)
+measure a conversation or a window, attribute matches. (The n-gram rule is ``ngrams.py``, the index
+``index.py``, the calibration pass ``scan.py``.)
 
-The evaluation side is indexed (``overlap.Queries``): :meth:`Screen.of_text` and :meth:`Screen.of_segments`
+The evaluation side is indexed (``index.Queries``): :meth:`Screen.of_text` and :meth:`Screen.of_segments`
 answer ``None`` for n-grams not resolved yet and queue them; :meth:`Screen.resolve` streams the calibration
 sources once for everything queued, and attribution comes from the same passes. Calibration memory is one
 batch. ``fideval windows`` drives it in rounds (``build.py``); ``fideval screen`` queues every built window,
@@ -11,31 +11,25 @@ resolves once, then reads the answers.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
 
-from fideval.config import ScreenConfig, Source
+from fideval.config import ScreenConfig
 from fideval.errors import FidevalError
 from fideval.progress import progress
 from fideval.windows.encode import Encoder
-from fideval.windows.overlap import SCAN_BATCH_CHARS, Hasher, Overlap, Queries, rank
-from fideval.windows.sources import Blocks, Document, describe, iter_blocks, iter_documents
+from fideval.windows.screen.index import Overlap, Queries
+from fideval.windows.screen.ngrams import Hasher
+from fideval.windows.screen.scan import rank
+from fideval.windows.sources import Document, describe, iter_documents
 
 
 def calibration_documents(cfg: ScreenConfig, enc: Encoder) -> Iterator[Document]:
     for i, src in enumerate(cfg.calibration):
         yield from iter_documents(src, f"screen.calibration[{i}]", enc.render)
-
-
-def calibration_blocks(sources: Sequence[Source], render: Callable[[list], str],
-                       batch_chars: int = SCAN_BATCH_CHARS) -> Blocks:
-    """The documents of :func:`calibration_documents` as the calibration pass reads them
-    (``sources.iter_blocks``: a jsonl file's texts go to the hashing loop as bytes)."""
-    return Blocks(b for i, src in enumerate(sources)
-                  for b in iter_blocks(src, f"screen.calibration[{i}]", render, batch_chars))
 
 
 @dataclass
@@ -74,7 +68,8 @@ class Screen:
         """One calibration pass for every n-gram queued so far (none if nothing is queued after the first).
         True if a pass was made."""
         with progress(f"calibration pass {self.queries.passes + 1}", unit="chars") as bar:
-            res = self.queries.resolve(calibration_blocks(self.cfg.calibration, self.enc.render), on_batch=bar.advance)
+            docs = ((d.origin, d.text) for d in calibration_documents(self.cfg, self.enc))
+            res = self.queries.resolve(docs, on_batch=bar.advance)
         if res is not None:
             _check(self.cfg, res.documents, res.ngrams)
         return res is not None
