@@ -10,11 +10,10 @@ evaluation documents, each in its own subprocess so peak RSS (``getrusage(RUSAGE
 its own:
 
 * fideval: the code ``fideval windows`` runs (``Screen``): the evaluation documents' 13-gram hashes are
-  queued in ``fideval.windows.overlap.Queries`` (sorted unique uint64 + probe tables: the "index"
+  queued in ``fideval.windows.screen.Queries`` (sorted unique uint64 + probe tables: the "index"
   column), then ``Queries.resolve`` streams the calibration file once as ``Screen.resolve`` does
-  (``fideval.windows.screen.calibration_blocks``: blocks of bytes whose plain JSON lines a compiled parser
-  unescapes into the batch, any other line through ``json.loads`` as ``iter_documents`` reads it),
-  hashing and probing each batch in the compiled loop (``fideval.windows.kernels``, numba) on worker
+  (documents read by ``iter_documents``: lines and ``json.loads``),
+  hashing and probing each batch in the compiled loop (``fideval.windows.screen.hashing``, numba) on worker
   threads (``SCAN_THREADS``: one on a 2-core machine) and on the main thread between the blocks it reads;
   then the per-document counts (``overlaps_of``) (together the "screen" column);
 * baseline: ``json.loads`` per line, ``normalize_text(t).split()`` (the same normalisation), a ``set`` of
@@ -46,8 +45,9 @@ from pathlib import Path
 
 import numpy as np
 
-# bench/coverage.py would shadow the coverage package, which numba (fideval.windows.kernels) probes for
+# bench/coverage.py would shadow the coverage package, which numba (fideval.windows.screen.hashing) probes for
 sys.path[:] = [p for p in sys.path if Path(p or ".").resolve() != Path(__file__).resolve().parent]
+sys.path.append(str(Path(__file__).resolve().parent.parent / "tests"))  # windows_oracles: the full index
 
 DOC_WORDS = 2000
 
@@ -87,9 +87,11 @@ def generate(folder: Path, cal_words: int, eval_words: int) -> None:
 
 
 def child_fideval(folder: Path, fraction: float) -> dict:
+    from windows_oracles import CalibrationIndex, overlap_of, overlaps_of
+
     from fideval.config import LocalSource
-    from fideval.windows.overlap import SCAN_THREADS, CalibrationIndex, Hasher, Queries, overlap_of, overlaps_of
-    from fideval.windows.screen import calibration_blocks
+    from fideval.windows.screen import Hasher, Queries
+    from fideval.windows.screen.scan import SCAN_THREADS
     from fideval.windows.sources import iter_documents
 
     ev = json.loads((folder / "eval.json").read_text())
@@ -99,7 +101,6 @@ def child_fideval(folder: Path, fraction: float) -> dict:
     warm = Queries(hasher)  # loads (or, the first time, compiles) the numba loops
     warm.overlap(hasher.of_texts(ev[:1])[0])
     warm.resolve([({}, ev[0])])
-    next(iter(calibration_blocks([src], lambda m: "")))  # and the jsonl reader's
     jit = time.perf_counter() - t
     rss0 = rss_mb()
 
@@ -111,7 +112,7 @@ def child_fideval(folder: Path, fraction: float) -> dict:
     queries = Queries(hasher)
     queries.overlap(h)  # queues them all: the index is the evaluation side
     t1 = time.perf_counter()
-    queries.resolve(calibration_blocks([src], lambda m: ""))  # one calibration pass, as `fideval windows`
+    queries.resolve(cal())  # one calibration pass, as `fideval windows`
     total, matched = overlaps_of(h, doc, len(ev), queries)
     t2, c2 = time.perf_counter(), time.process_time()
     peak = rss_mb()
@@ -121,8 +122,7 @@ def child_fideval(folder: Path, fraction: float) -> dict:
     sub.overlap(h)
     sub.resolve((d for d, _ in zip(cal(), range(n_sub))))
     sub_full = CalibrationIndex.build((t for (_, t), _ in zip(cal(), range(n_sub))), hasher)
-    blocks = ((b.origin(i), b.text(i)) for b in calibration_blocks([src], lambda m: "") for i in range(len(b)))
-    readers_agree = list(zip(blocks, range(n_sub))) == list(zip(cal(), range(n_sub)))
+    readers_agree = True  # one reader since the compiled jsonl parser went (kept for the table's column)
     return {"cal_ngrams": queries.ngrams, "queries": int(queries.known.size), "docs": queries.documents,
             "eval_ngrams": int(total.sum()), "matched": int(matched.sum()),
             "over_5pct": int((matched > 0.05 * np.maximum(total, 1)).sum()), "jit": jit,
@@ -132,7 +132,7 @@ def child_fideval(folder: Path, fraction: float) -> dict:
 
 
 def child_baseline(folder: Path, fraction: float, n_docs: int) -> dict:
-    from fideval.windows.ngrams import normalize_text
+    from fideval.windows.screen.ngrams import normalize_text
 
     ev = json.loads((folder / "eval.json").read_text())
     rss0 = rss_mb()
