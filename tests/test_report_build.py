@@ -12,7 +12,7 @@ import polars as pl
 import pytest
 from scipy import stats
 
-from fideval.report import synthetic as syn
+import synthetic as syn  # tests/synthetic.py
 
 DOMAINS = ["code", "math", "prose"]
 

@@ -10,7 +10,7 @@ import sys
 import pytest
 import yaml
 
-from fideval.report import synthetic as syn
+import synthetic as syn  # tests/synthetic.py
 
 
 def cli(capsys, *args: str) -> tuple[int, str, str]:
