@@ -1,7 +1,7 @@
 """Coverage of the 95 % cluster BCa interval on data with between-window variation (floor: >= 93 %).
 
 Prints one table, a row per (windows, between-window spread sigma_b): the cluster BCa's coverage against
-the 93 % floor, with the iid-token interval's and the expanded BCa's (see fideval/stats/coverage.py)
+the 93 % floor, with the iid-token interval's and the expanded BCa's (see bench/coverage_sim.py)
 beside it. CPU only, about a minute at the defaults.
 Usage: python bench/coverage.py [--replications 500] [--clusters 36 64 128] [--sigma 0.3 0.6] [--resamples 10000]
 """
@@ -11,7 +11,7 @@ from __future__ import annotations
 import argparse
 import time
 
-from fideval.stats.coverage import simulate
+from coverage_sim import simulate  # bench/coverage_sim.py (python puts bench/ on the path)
 
 
 def main() -> None:

@@ -1,4 +1,4 @@
-"""Helpers for the fault-injection suite (tests/test_faults_*.py): run the real CLI, hash a folder before and
+"""Helpers for the fault-injection suite (tests/test_faults_*.py): check an error line, hash a folder before and
 after, build small stores / llama.cpp files / GGUF files / checkpoints, plant pickles that would leave a
 marker if anything ever unpickled them, and mount small tmpfs file systems (full disk, read-only).
 
@@ -28,38 +28,7 @@ ERROR = "fideval: error: "
 HINT = re.compile(r"\([^()]*(\([^()]*\)[^()]*)*\)$")
 
 
-# -- running the CLI --------------------------------------------------------------------------------------
-def cli(args: list, capsys) -> tuple[int, str, str]:
-    """``fideval ARGS`` in-process through the real entry point (``fideval.cli.main``); (code, stdout, stderr).
-
-    An exception other than FidevalError propagates and fails the test: that is a traceback a user would see.
-    """
-    from fideval.cli import main
-
-    old = sys.argv
-    sys.argv = ["fideval", *map(str, args)]
-    try:
-        main()
-        code = 0
-    except SystemExit as e:
-        code = e.code if isinstance(e.code, int) else (0 if e.code is None else 1)
-    finally:
-        sys.argv = old
-    out = capsys.readouterr()
-    return code, out.out, out.err
-
-
-def cli_subprocess(args: list, *, env: dict | None = None, timeout: float = 120, cwd=None) -> subprocess.CompletedProcess:
-    """``python -m fideval.cli ARGS`` in a fresh process (what a user's shell runs)."""
-    return subprocess.run([sys.executable, "-m", "fideval.cli", *map(str, args)], capture_output=True, text=True,
-                          env={**os.environ, **(env or {})}, timeout=timeout, cwd=cwd)
-
-
-def popen_cli(args: list, *, env: dict | None = None) -> subprocess.Popen:
-    return subprocess.Popen([sys.executable, "-m", "fideval.cli", *map(str, args)], stdout=subprocess.PIPE,
-                            stderr=subprocess.PIPE, text=True, env={**os.environ, **(env or {})})
-
-
+# -- the contract of an error (the CLI itself runs through tests/cli_runner.py) --------------------------------
 def error_line(code: int, err: str, *needles: str, exit_code: int = 2, need_hint: bool = True) -> str:
     """Assert the user-facing contract of a bad input and return the error line:
 

@@ -5,13 +5,11 @@ from pathlib import Path
 
 import pytest
 import yaml
-from typer.testing import CliRunner
+from cli_runner import run_fideval
 
-from fideval.cli import app
 from fideval.config import json_schema, load_config, parse_config
 
 ROOT = Path(__file__).resolve().parent.parent
-runner = CliRunner()
 
 
 def base() -> dict:
@@ -52,19 +50,15 @@ def test_committed_schema_is_generated_from_the_model():
 def test_bad_config_gives_one_line_naming_the_key(tmp_path, mutate, expected):
     data = base()
     mutate(data)
-    result = runner.invoke(app, ["validate", str(write(tmp_path, data))])
-    assert result.exit_code != 0
-    message = str(result.exception) if result.exception else result.output
+    message = run_fideval("validate", write(tmp_path, data)).error()  # exit 2 and exactly one line
     assert expected in message
-    assert "\n" not in message.strip()
 
 
 def test_missing_file_is_named(tmp_path):
     data = base()
     data["domains"][0]["source"]["path"] = str(tmp_path / "nope.jsonl")
-    with pytest.raises(Exception) as e:
-        runner.invoke(app, ["validate", str(write(tmp_path, data))], catch_exceptions=False)
-    assert "domains.code.source.path" in str(e.value) and "does not exist" in str(e.value)
+    line = run_fideval("validate", write(tmp_path, data)).error()
+    assert "domains.code.source.path" in line and "does not exist" in line
 
 
 def test_parse_rejects_non_mapping():

@@ -15,18 +15,8 @@ import sys
 import time
 
 import pytest
-from faults_fixtures import (
-    assert_no_partial_files,
-    cli,
-    error_line,
-    popen_cli,
-    remount,
-    results_only,
-    snapshot,
-    temp_leftovers,
-    tmpfs,
-    write_kld_base,
-)
+from cli_runner import run_fideval, start_fideval
+from faults_fixtures import assert_no_partial_files, error_line, remount, results_only, snapshot, temp_leftovers, tmpfs, write_kld_base
 from windows_fixtures import make_tokenizer, text_docs, write_config, write_jsonl
 
 
@@ -39,8 +29,8 @@ def kld(tmp_path_factory):
     """A llama.cpp file whose store is about 2 MB (8 shards of 258 KB) and that store, made on a roomy disk."""
     t = tmp_path_factory.mktemp("disk-kld")
     src = write_kld_base(t / "base.kld", n_ctx=128, n_vocab=1024, n_chunk=8, seed=1)
-    r = subprocess.run([sys.executable, "-m", "fideval.cli", *map(str, _import(src, t / "ref"))], capture_output=True, text=True)
-    assert r.returncode == 0, r.stderr
+    r = run_fideval(*_import(src, t / "ref"))
+    assert r.code == 0, r.stderr
     return src, t / "ref"
 
 
@@ -54,12 +44,12 @@ def win(tmp_path_factory):
 
 
 # -- full disk: real tmpfs -----------------------------------------------------------------------------------
-def test_disk_full_mid_shard_on_tmpfs_then_resume(kld, tmp_path, capsys):
+def test_disk_full_mid_shard_on_tmpfs_then_resume(kld, tmp_path):
     src, ref = kld
     with tmpfs(tmp_path / "mnt", "1m") as mnt:
         (mnt / "precious.txt").write_text("written before the run")
         before = snapshot(mnt)
-        code, _, err = cli(_import(src, mnt / "st"), capsys)
+        code, _, err = run_fideval(*_import(src, mnt / "st"))
         line = error_line(code, err, "disk full while writing", str(mnt / "st"))
         assert ".safetensors" in line or "manifest" in line or ".entry.json" in line or "index" in line
         assert snapshot(mnt)["precious.txt"] == before["precious.txt"]
@@ -68,26 +58,26 @@ def test_disk_full_mid_shard_on_tmpfs_then_resume(kld, tmp_path, capsys):
         written = len(list((mnt / "st" / "shards").glob("*.safetensors")))
         assert 0 < written < 8  # it stopped mid-way, keeping the finished shards
         remount(mnt, "size=16m")
-        code, out, err = cli(_import(src, mnt / "st"), capsys)
+        code, out, err = run_fideval(*_import(src, mnt / "st"))
         assert code == 0, err
         assert f"({8 - written} written)" in out  # the finished shards were not redone
         assert results_only(snapshot(mnt / "st")) == results_only(snapshot(ref))
 
 
-def test_windows_disk_full_on_tmpfs_keeps_the_previous_output(win, tmp_path, capsys):
+def test_windows_disk_full_on_tmpfs_keeps_the_previous_output(win, tmp_path):
     with tmpfs(tmp_path / "mnt", "1m") as mnt:
         out = mnt / "w"
-        assert cli(["windows", win, "--out", out, "--seed", "5"], capsys)[0] == 0
+        assert run_fideval("windows", win, "--out", out, "--seed", "5")[0] == 0
         old = snapshot(out)
         free = os.statvfs(mnt).f_bavail * os.statvfs(mnt).f_frsize
         with open(mnt / "filler", "wb") as f:  # leave about two pages: the new run cannot fit
             f.write(b"\0" * (free - 8192))
-        code, _, err = cli(["windows", win, "--out", out], capsys)
+        code, _, err = run_fideval("windows", win, "--out", out)
         error_line(code, err, "disk full while writing", str(out))
         assert snapshot(out) == old, "a failed rewrite must leave the previous windows untouched"
         assert temp_leftovers(out) == []
         (mnt / "filler").unlink()
-        assert cli(["windows", win, "--out", out], capsys)[0] == 0
+        assert run_fideval("windows", win, "--out", out)[0] == 0
         assert results_only(snapshot(out)) != results_only(old)  # the seed-0 windows, now complete
         assert (out / "eval-windows.json").is_file()
 
@@ -125,52 +115,52 @@ class _Full:
 
 
 @pytest.mark.parametrize("budget", [0, 100_000, 700_000, 1_500_000])
-def test_disk_full_patched_writer_then_resume(kld, tmp_path, capsys, monkeypatch, budget):
+def test_disk_full_patched_writer_then_resume(kld, tmp_path, monkeypatch, budget):
     import fideval.fsio
 
     src, ref = kld
     out = tmp_path / "st"
     with monkeypatch.context() as m:
         m.setattr(fideval.fsio.os, "fdopen", _Full(budget))
-        code, _, err = cli(_import(src, out), capsys)
+        code, _, err = run_fideval(*_import(src, out))
     error_line(code, err, "disk full while writing", str(out))
     assert_no_partial_files(out, ref)
     assert temp_leftovers(out) == []
-    assert cli(_import(src, out), capsys)[0] == 0
+    assert run_fideval(*_import(src, out))[0] == 0
     assert results_only(snapshot(out)) == results_only(snapshot(ref))
 
 
-def test_windows_disk_full_patched_writer_keeps_the_previous_output(win, tmp_path, capsys, monkeypatch):
+def test_windows_disk_full_patched_writer_keeps_the_previous_output(win, tmp_path, monkeypatch):
     import fideval.fsio
 
     out = tmp_path / "w"
-    assert cli(["windows", win, "--out", out, "--seed", "5"], capsys)[0] == 0
+    assert run_fideval("windows", win, "--out", out, "--seed", "5")[0] == 0
     old = snapshot(out)
     with monkeypatch.context() as m:
         m.setattr(fideval.fsio.os, "fdopen", _Full(4000))
-        code, _, err = cli(["windows", win, "--out", out], capsys)
+        code, _, err = run_fideval("windows", win, "--out", out)
     error_line(code, err, "disk full while writing", str(out))
     assert snapshot(out) == old and temp_leftovers(out) == []
 
 
 # -- unwritable folders --------------------------------------------------------------------------------------
-def test_read_only_file_system(win, kld, tmp_path, capsys):
+def test_read_only_file_system(win, kld, tmp_path):
     with tmpfs(tmp_path / "ro", "1m", read_only=True) as ro:
-        code, _, err = cli(["windows", win, "--out", ro / "w"], capsys)
+        code, _, err = run_fideval("windows", win, "--out", ro / "w")
         error_line(code, err, str(ro / "w"), "Read-only file system")
-        code, _, err = cli(_import(kld[0], ro / "st"), capsys)
+        code, _, err = run_fideval(*_import(kld[0], ro / "st"))
         error_line(code, err, str(ro / "st"), "Read-only file system")
 
 
-def test_read_only_store_folder_for_import(kld, tmp_path, capsys):
+def test_read_only_store_folder_for_import(kld, tmp_path):
     """A folder the run may not write in, made so for root too: an existing store remounted read-only."""
     src, ref = kld
     with tmpfs(tmp_path / "mnt", "4m") as mnt:
-        code, _, err = cli(_import(src, mnt / "st"), capsys)
+        code, _, err = run_fideval(*_import(src, mnt / "st"))
         assert code == 0, err
         before = snapshot(mnt)
         remount(mnt, "ro")  # the store is complete, but a re-import still takes the lock: one line, no change
-        code, _, err = cli(_import(src, mnt / "st"), capsys)
+        code, _, err = run_fideval(*_import(src, mnt / "st"))
         error_line(code, err, str(mnt / "st"), "Read-only file system")
         assert snapshot(mnt) == before
 
@@ -181,31 +171,31 @@ HOLD = "import sys, time\nfrom fideval.lock import output_lock\nwith output_lock
 
 
 @pytest.mark.parametrize("verb", ["windows", "import-llamacpp"])
-def test_second_run_on_a_locked_folder_is_refused(verb, win, kld, tmp_path, capsys):
+def test_second_run_on_a_locked_folder_is_refused(verb, win, kld, tmp_path):
     out = tmp_path / "out"
     args = ["windows", win, "--out", out] if verb == "windows" else _import(kld[0], out)
-    assert cli(args, capsys)[0] == 0
+    assert run_fideval(*args)[0] == 0
     before = results_only(snapshot(out))
     holder = subprocess.Popen([sys.executable, "-c", HOLD, str(out)], stdout=subprocess.PIPE, text=True)
     try:
         assert holder.stdout.readline().strip() == "held"
-        code, _, err = cli(args, capsys)
+        code, _, err = run_fideval(*args)
         error_line(code, err, str(out), "being written by another run", f"pid {holder.pid}")
         assert results_only(snapshot(out)) == before and temp_leftovers(out) == []
     finally:
         holder.kill()
         holder.wait()
-    assert cli(args, capsys)[0] == 0  # the lock died with its holder (SIGKILL): no stale lock
+    assert run_fideval(*args)[0] == 0  # the lock died with its holder (SIGKILL): no stale lock
 
 
 @pytest.mark.slow
-def test_two_concurrent_windows_runs(win, tmp_path, capsys):
+def test_two_concurrent_windows_runs(win, tmp_path):
     """Two real processes on one --out: each one either finishes or is refused with the lock line, and the
     output is the one a single run makes."""
     ref = tmp_path / "ref"
-    assert cli(["windows", win, "--out", ref], capsys)[0] == 0
+    assert run_fideval("windows", win, "--out", ref)[0] == 0
     out = tmp_path / "out"
-    procs = [popen_cli(["windows", win, "--out", out]) for _ in range(2)]
+    procs = [start_fideval("windows", win, "--out", out) for _ in range(2)]
     deadline = time.monotonic() + 300
     results = [p.communicate(timeout=max(1, deadline - time.monotonic())) for p in procs]
     codes = [p.returncode for p in procs]

@@ -18,11 +18,10 @@ from pathlib import Path
 import numpy as np
 import pytest
 import yaml
+from cli_runner import run_fideval
 from faults_fixtures import (
     HINT,
     assert_kept,
-    cli,
-    cli_subprocess,
     edit_manifest,
     error_line,
     flip_byte,
@@ -658,13 +657,13 @@ def verify_report(code: int, err: str, store: str, needles: list[str]) -> None:
 
 
 @pytest.mark.parametrize("name", list(CASES))
-def test_bad_input(name, tmp_path, tok, capsys):
+def test_bad_input(name, tmp_path, tok):
     setup, exit_code = CASES[name]
     t = tmp_path / "case"
     t.mkdir()
     args, needles = setup(t, tok)
     before, temps = snapshot(tmp_path), temp_leftovers(tmp_path)
-    code, _out, err = cli(args, capsys)
+    code, _out, err = run_fideval(*args)
     if exit_code == 2:
         error_line(code, err, *needles)
     else:
@@ -688,11 +687,11 @@ def test_same_contract_in_a_fresh_process(name, tmp_path, tok):
     """The in-process runs above go through ``fideval.cli.main``; a few go through a real process too."""
     setup, exit_code = CASES[name]
     args, needles = setup(tmp_path, tok)
-    p = cli_subprocess(args)
+    p = run_fideval(*args, fresh_process=True)
     if exit_code == 2:
-        error_line(p.returncode, p.stderr, *needles)
+        error_line(p.code, p.stderr, *needles)
     else:
-        verify_report(p.returncode, p.stderr, str(args[1]), needles)
+        verify_report(p.code, p.stderr, str(args[1]), needles)
 
 
 # == the same faults seen by the library readers (what `fideval score` and the runner call) ===================
@@ -740,8 +739,9 @@ def test_store_reader_refuses_with_the_shard_named(damage, how, tmp_path):
 
 
 def test_nan_in_teacher_logits_is_refused_naming_sequence_and_row(tmp_path):
-    from fideval.store import StoreWriter
     from faults_fixtures import STORE_META
+
+    from fideval.store import StoreWriter
 
     w = StoreWriter(tmp_path / "s", STORE_META)
     lg = np.zeros((16, 32), np.float32)
@@ -767,7 +767,7 @@ def test_nan_weights_are_refused_naming_the_tensor(fmt):
     assert "model.layers.2.self_attn.o_proj.weight" in line and "NaN" in line and HINT.search(line), line
 
 
-def test_nan_in_candidate_logits_fails_the_score_naming_shard_and_row(tmp_path, capsys):
+def test_nan_in_candidate_logits_fails_the_score_naming_shard_and_row(tmp_path):
     """A forged candidate store (NaN at row 5 of code-001, hashes resealed so only the numbers are wrong):
     ``fideval score`` fails by default with the shard and the row, and leaves no records behind."""
     pytest.importorskip("fideval.score.run")
@@ -779,8 +779,8 @@ def test_nan_in_candidate_logits_fails_the_score_naming_shard_and_row(tmp_path, 
         f.write(np.float32(np.nan).tobytes())
     reseal(cand, "code-001")
     before = snapshot(tmp_path)
-    code, _, err = cli(["score", "--teacher", tmp_path / "teacher", "--candidate", cand, "--out", tmp_path / "rec",
-                        "--device", "cpu"], capsys)
+    code, _, err = run_fideval("score", "--teacher", tmp_path / "teacher", "--candidate", cand, "--out", tmp_path / "rec",
+                               "--device", "cpu")
     error_line(code, err, "shard code-001", "row 5")
     assert_kept(before, tmp_path)
     assert temp_leftovers(tmp_path) == []

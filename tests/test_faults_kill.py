@@ -15,18 +15,9 @@ import signal
 import time
 
 import pytest
-from faults_fixtures import (
-    assert_no_partial_files,
-    cli,
-    popen_cli,
-    results_only,
-    run_killed,
-    snapshot,
-    temp_leftovers,
-    write_kld_base,
-)
+from cli_runner import run_fideval, start_fideval
+from faults_fixtures import assert_no_partial_files, results_only, run_killed, snapshot, temp_leftovers, write_kld_base
 from windows_fixtures import make_tokenizer, text_docs, write_config, write_jsonl
-
 
 KILLED = -signal.SIGKILL
 
@@ -35,7 +26,7 @@ def _import_args(src, out):
     return ["import-llamacpp", src, "--out", out, "--model-id", "org/base", "--model-revision", "0" * 40]
 
 
-def test_import_llamacpp_killed_at_exact_points_resumes_bit_identical(tmp_path, capsys):
+def test_import_llamacpp_killed_at_exact_points_resumes_bit_identical(tmp_path):
     """The store writer (teacher stores are written the same way) killed mid-shard, between a shard and its
     sidecar, mid-manifest and mid-index; the resumed store equals an uninterrupted one."""
     src = write_kld_base(tmp_path / "base.kld", n_ctx=64, n_vocab=512, n_chunk=6, seed=3)
@@ -51,19 +42,19 @@ def test_import_llamacpp_killed_at_exact_points_resumes_bit_identical(tmp_path, 
         p, _ = run_killed(tmp_path, _import_args(src, out), k)
         assert p.returncode == KILLED, (k, p.stderr[-2000:])
         assert_no_partial_files(out, ref)
-        code, _, err = cli(_import_args(src, out), capsys)  # resume
+        code, _, err = run_fideval(*_import_args(src, out))  # resume
         assert code == 0, err
         assert results_only(snapshot(out)) == want, f"kill at event {k} of {events}: resumed store differs"
         assert temp_leftovers(out) == [], k
         assert not list(out.glob("shards/*.entry.json"))
 
 
-def test_import_llamacpp_killed_at_random_times_resumes_bit_identical(tmp_path, capsys):
+def test_import_llamacpp_killed_at_random_times_resumes_bit_identical(tmp_path):
     """The same with an external SIGKILL at random moments (no instrumentation in the child at all)."""
     src = write_kld_base(tmp_path / "base.kld", n_ctx=256, n_vocab=2048, n_chunk=16, seed=4)
     ref = tmp_path / "ref"
     t0 = time.monotonic()
-    code, _, err = cli(_import_args(src, ref), capsys)
+    code, _, err = run_fideval(*_import_args(src, ref))
     assert code == 0, err
     writing = time.monotonic() - t0  # the whole run in-process: about the child's time after its imports
     want = results_only(snapshot(ref))
@@ -71,7 +62,7 @@ def test_import_llamacpp_killed_at_random_times_resumes_bit_identical(tmp_path, 
     killed_midway = 0
     for i in range(3):
         out = tmp_path / f"run{i}"
-        proc = popen_cli(_import_args(src, out))
+        proc = start_fideval(*_import_args(src, out))
         while not (out / "shards").exists() and proc.poll() is None:  # past the imports: now it writes
             time.sleep(0.002)
         time.sleep(rng.uniform(0, writing / 2))
@@ -79,7 +70,7 @@ def test_import_llamacpp_killed_at_random_times_resumes_bit_identical(tmp_path, 
         proc.communicate(timeout=60)
         killed_midway += proc.returncode == KILLED and not (out / "manifest.json").exists()
         assert_no_partial_files(out, ref)
-        code, _, err = cli(_import_args(src, out), capsys)
+        code, _, err = run_fideval(*_import_args(src, out))
         assert code == 0, err
         assert results_only(snapshot(out)) == want
         assert temp_leftovers(out) == []
@@ -99,7 +90,7 @@ def windows_case(tmp_path_factory):
 
 
 @pytest.mark.slow
-def test_windows_killed_at_random_points_rebuilds_bit_identical(windows_case, tmp_path, capsys):
+def test_windows_killed_at_random_points_rebuilds_bit_identical(windows_case, tmp_path):
     t, cfg = windows_case
     ref = tmp_path / "ref"
     p, events = run_killed(tmp_path, ["windows", cfg, "--out", ref], -1)
@@ -111,7 +102,7 @@ def test_windows_killed_at_random_points_rebuilds_bit_identical(windows_case, tm
         out = tmp_path / f"run{i}"
         old = {}
         if i == 1:  # the second kill hits a folder that already holds a complete older run
-            assert cli(["windows", cfg, "--out", out, "--seed", "5"], capsys)[0] == 0
+            assert run_fideval("windows", cfg, "--out", out, "--seed", "5")[0] == 0
             old = results_only(snapshot(out))
             assert old["eval-windows.json"] != want["eval-windows.json"]
         p, _ = run_killed(tmp_path, ["windows", cfg, "--out", out], k)
@@ -123,14 +114,14 @@ def test_windows_killed_at_random_points_rebuilds_bit_identical(windows_case, tm
             assert all(v in (old.get(f), want.get(f)) for f, v in seen.items())
         if i == 1:
             assert seen == old, "writes are staged: a kill while writing leaves the previous output intact"
-        code, _, err = cli(["windows", cfg, "--out", out], capsys)
+        code, _, err = run_fideval("windows", cfg, "--out", out)
         assert code == 0, err
         assert results_only(snapshot(out)) == want, f"kill at event {k} of {events}: rebuilt windows differ"
         assert temp_leftovers(out) == []
 
 
 @pytest.mark.slow
-def test_teacher_killed_at_a_random_point_resumes_bit_identical(tmp_path, capsys):
+def test_teacher_killed_at_a_random_point_resumes_bit_identical(tmp_path):
     """The teacher (layer-by-layer runner into a store) on a tiny llama: killed mid-shard, resumed."""
     pytest.importorskip("fideval.model.teacher")
     import json

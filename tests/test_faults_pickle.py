@@ -16,7 +16,8 @@ import pickle
 from pathlib import Path
 
 import pytest
-from faults_fixtures import HINT, cli, error_line, plant_pickle, write_checkpoint
+from cli_runner import run_fideval
+from faults_fixtures import HINT, error_line, plant_pickle, write_checkpoint
 
 from fideval.errors import FidevalError
 
@@ -140,7 +141,7 @@ def test_positive_control_the_planted_pickle_really_detonates(tmp_path, torch_fo
 
 
 @pytest.mark.parametrize("where", ["model.safetensors", "pytorch_model.bin", "model.safetensors+bin"])
-def test_quant_inspect_refuses_pickled_checkpoints(tmp_path, capsys, where):
+def test_quant_inspect_refuses_pickled_checkpoints(tmp_path, where):
     marker = tmp_path / "BOOM"
     ckpt = write_checkpoint(tmp_path / "ckpt")
     if where == "model.safetensors":
@@ -151,7 +152,7 @@ def test_quant_inspect_refuses_pickled_checkpoints(tmp_path, capsys, where):
     else:  # a real safetensors plus a pickle beside it: the pickle is simply never opened
         plant_pickle(ckpt / "pytorch_model.bin", marker, torch_format=True)
         plant_pickle(ckpt / "optimizer.pt", marker)
-    code, out, err = cli(["quant", "inspect", "--model", ckpt, "--quant", "attention=mxfp4"], capsys)
+    code, out, err = run_fideval("quant", "inspect", "--model", ckpt, "--quant", "attention=mxfp4")
     if where == "model.safetensors+bin":
         assert code == 0 and "attention" in out, err
     else:

@@ -4,12 +4,11 @@ from __future__ import annotations
 
 import json
 
+import model_fixtures as mf
 import numpy as np
 import pytest
-from typer.testing import CliRunner
+from cli_runner import run_fideval
 
-import model_fixtures as mf
-from fideval.cli import app
 from fideval.windows.layout import Sequences, length_dir, write_sequences
 
 V = mf.COMMON["vocab_size"]
@@ -28,8 +27,7 @@ def _windows(root, vocab=V, tokenizer_sha=None):
 
 
 def _invoke(*args):
-    res = CliRunner().invoke(app, ["teacher", *map(str, args)])
-    return res
+    return run_fideval("teacher", *args)
 
 
 def test_teacher_writes_every_position_and_resumes(tmp_path):
@@ -39,8 +37,8 @@ def test_teacher_writes_every_position_and_resumes(tmp_path):
     win = _windows(tmp_path / "w")
     out = tmp_path / "store"
     res = _invoke("--model", model, "--windows", tmp_path / "w", "--out", out, "--device", "cpu", "--model-id", "tiny/qwen3moe")
-    assert res.exit_code == 0, res.output
-    assert "6 sequences written" in res.output
+    assert res.code == 0, res.stderr
+    assert "6 sequences written" in res.stdout
     store = StoreReader(out)
     assert sorted(store.seq_ids) == ["code-000", "code-000.c0", "code-000.c1", "prose-000", "prose-000.c0", "prose-000.c1"]
     assert store.meta["model_id"] == "tiny/qwen3moe" and int(store.vocab_size) == V
@@ -55,16 +53,12 @@ def test_teacher_writes_every_position_and_resumes(tmp_path):
     assert float(np.abs(logits - ref_cut[1].numpy()).max()) <= 1e-5
     # resume: nothing left to do, nothing rewritten
     res = _invoke("--model", model, "--windows", tmp_path / "w", "--out", out, "--device", "cpu", "--model-id", "tiny/qwen3moe")
-    assert res.exit_code == 0 and "0 sequences written, 6 already done" in res.output
+    assert res.code == 0 and "0 sequences written, 6 already done" in res.stdout
 
 
 def _one_line_error(res, *needles):
-    assert res.exit_code != 0
-    msg = str(res.exception) if res.exception else res.output
-    from fideval.errors import FidevalError
-
-    assert isinstance(res.exception, FidevalError), res.exception
-    assert "\n" not in msg and all(n in msg for n in needles), msg
+    msg = res.error()  # exit status 2, one line, no traceback
+    assert all(n in msg for n in needles), msg
 
 
 def test_missing_tensor(tmp_path):
@@ -123,14 +117,11 @@ def test_model_parallel_must_divide_the_experts(tmp_path):
 
 def test_cli_prints_one_line(tmp_path):
     """Through the real entry point: one line on stderr, exit status 2, no traceback."""
-    import subprocess
-    import sys
-
     model = mf.build("llama", tmp_path / "m")
     mf.set_config(model, architectures=["FooForCausalLM"])
     _windows(tmp_path / "w")
-    res = subprocess.run([sys.executable, "-m", "fideval.cli", "teacher", "--model", str(model), "--windows",
-                          str(tmp_path / "w"), "--out", str(tmp_path / "s")], capture_output=True, text=True, timeout=120)
-    assert res.returncode == 2
+    res = run_fideval("teacher", "--model", model, "--windows", tmp_path / "w", "--out", tmp_path / "s", fresh_process=True,
+                      timeout=120)
+    assert res.code == 2
     lines = [x for x in res.stderr.splitlines() if x.strip()]
     assert len(lines) == 1 and lines[0].startswith("fideval: error:") and "FooForCausalLM" in lines[0], res.stderr

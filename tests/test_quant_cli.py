@@ -1,15 +1,11 @@
 """``fideval quant inspect`` on tiny transformers checkpoints saved with save_pretrained (headers only)."""
 
 import json
-import subprocess
-import sys
 
 import pytest
 import torch
-from typer.testing import CliRunner
+from cli_runner import run_fideval
 
-from fideval.cli import app
-from fideval.errors import FidevalError
 from fideval.quant import compile_spec, module_class_of
 
 
@@ -62,9 +58,9 @@ def test_mapping_covers_the_in_memory_module_tree(models):
 def test_inspect_json_by_hand(models):
     d, params, sd = models["deepseek"]
     spec = "routed_experts=mxfp4:rceil,shared_experts=nvfp4,attention=fp8_block,dense_mlp=int4:asym/32"
-    r = CliRunner().invoke(app, ["quant", "inspect", "--model", str(d), "--quant", spec, "--json"])
-    assert r.exit_code == 0, r.output
-    t = json.loads(r.output)
+    r = run_fideval("quant", "inspect", "--model", str(d), "--quant", spec, "--json")
+    assert r.code == 0, r.stderr
+    t = json.loads(r.stdout)
     pc = t["per_class"]
     assert t["base_dtype"] == "F32"
     assert t["classes_present"] == ["attention", "dense_mlp", "lm_head", "routed_experts", "shared_experts"]
@@ -78,28 +74,27 @@ def test_inspect_json_by_hand(models):
 
 def test_inspect_text_table(models):
     d, _, _ = models["qwen3moe"]
-    r = CliRunner().invoke(app, ["quant", "inspect", "--model", str(d), "--quant", "routed_experts=gguf_q4_0"])
-    assert r.exit_code == 0, r.output
-    line = next(ln for ln in r.output.splitlines() if ln.startswith("routed_experts"))
+    r = run_fideval("quant", "inspect", "--model", str(d), "--quant", "routed_experts=gguf_q4_0")
+    assert r.code == 0, r.stderr
+    line = next(ln for ln in r.stdout.splitlines() if ln.startswith("routed_experts"))
     assert line.split()[:3] == ["routed_experts", "gguf_q4_0", "ggml"] and line.split()[-1] == "4.5000"
-    assert r.output.splitlines()[-1].startswith("total")
+    assert r.stdout.splitlines()[-1].startswith("total")
 
 
 def test_inspect_errors(models):
     d, _, _ = models["qwen3moe"]
-    r = CliRunner().invoke(app, ["quant", "inspect", "--model", str(d), "--quant", "shared_experts=nvfp4"])
-    assert isinstance(r.exception, FidevalError) and "does not have" in str(r.exception)
-    r = CliRunner().invoke(app, ["quant", "inspect", "--model", str(d), "--quant", "attention=mxfp4/64"])
-    assert isinstance(r.exception, FidevalError) and "group 64 is not allowed" in str(r.exception)
-    r = CliRunner().invoke(app, ["quant", "inspect", "--model", str(d / "nope"), "--quant", "attention=mxfp4"])
-    assert isinstance(r.exception, FidevalError) and "not a folder" in str(r.exception)
+    r = run_fideval("quant", "inspect", "--model", str(d), "--quant", "shared_experts=nvfp4")
+    assert "does not have" in r.error()
+    r = run_fideval("quant", "inspect", "--model", str(d), "--quant", "attention=mxfp4/64")
+    assert "group 64 is not allowed" in r.error()
+    r = run_fideval("quant", "inspect", "--model", str(d / "nope"), "--quant", "attention=mxfp4")
+    assert "not a folder" in r.error()
 
 
 def test_inspect_error_is_one_line_from_the_real_cli(models):
     d, _, _ = models["deepseek"]
-    p = subprocess.run([sys.executable, "-m", "fideval.cli", "quant", "inspect", "--model", str(d),
-                        "--quant", "attention=int4/64"], capture_output=True, text=True, timeout=120)
-    assert p.returncode == 2
+    p = run_fideval("quant", "inspect", "--model", d, "--quant", "attention=int4/64", fresh_process=True, timeout=120)
+    assert p.code == 2
     lines = p.stderr.strip().splitlines()
     assert len(lines) == 1 and lines[0].startswith("fideval: error: model.layers.")
     assert "block of 64 does not divide the last dimension 32" in lines[0]

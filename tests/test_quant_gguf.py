@@ -183,18 +183,16 @@ def test_gguf_file_decode_and_bits(tmp_path):
 
 
 def test_gguf_inspect_cli(tmp_path):
-    from typer.testing import CliRunner
-
-    from fideval.cli import app
+    from cli_runner import run_fideval
 
     p = tmp_path / "tiny.gguf"
     _write_gguf(p)
-    r = CliRunner().invoke(app, ["quant", "inspect", "--model", str(p)])
-    assert r.exit_code == 0, r.output
-    line = next(ln for ln in r.output.splitlines() if ln.startswith("routed_experts"))
+    r = run_fideval("quant", "inspect", "--model", str(p))
+    assert r.code == 0, r.stderr
+    line = next(ln for ln in r.stdout.splitlines() if ln.startswith("routed_experts"))
     assert line.split()[1] == "Q4_0" and line.split()[-1] == "4.5000"
-    r = CliRunner().invoke(app, ["quant", "inspect", "--model", str(p), "--quant", "attention=mxfp4"])
-    assert isinstance(r.exception, FidevalError) and "already quantized" in str(r.exception)
+    r = run_fideval("quant", "inspect", "--model", str(p), "--quant", "attention=mxfp4")
+    assert "already quantized" in r.error()
     (tmp_path / "bad.gguf").write_bytes(b"not a gguf file at all")
-    r = CliRunner().invoke(app, ["quant", "inspect", "--model", str(tmp_path / "bad.gguf")])
-    assert isinstance(r.exception, FidevalError) and "not a readable GGUF file" in str(r.exception)
+    r = run_fideval("quant", "inspect", "--model", str(tmp_path / "bad.gguf"))
+    assert "not a readable GGUF file" in r.error()

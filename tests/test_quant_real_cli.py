@@ -5,8 +5,6 @@ records whose KLD equals the one computed independently from the emulated candid
 from __future__ import annotations
 
 import json
-import subprocess
-import sys
 from pathlib import Path
 
 import numpy as np
@@ -14,12 +12,11 @@ import pyarrow.parquet as pq
 import pytest
 import torch
 import yaml
-from scipy.special import log_softmax, rel_entr
-from typer.testing import CliRunner
-
+from cli_runner import run_fideval
 from model_fixtures import build, tokens
+from scipy.special import log_softmax, rel_entr
 from test_quant_real_gguf import write_llama_gguf
-from fideval.cli import app
+
 from fideval.fsio import sha256_file
 from fideval.model.runner import Runner
 from fideval.quant.spec import compile_spec
@@ -56,14 +53,14 @@ def setup(tmp_path_factory):
 
 
 def _score(s, name, path, out):
-    return CliRunner().invoke(app, ["score", "--teacher", str(s["tmp"] / "teacher"), "--config", str(s["tmp"] / "c.yaml"),
-                                    "--candidate", name, "--path", path, "--out", str(out), "--device", "cpu"])
+    return run_fideval("score", "--teacher", s["tmp"] / "teacher", "--config", s["tmp"] / "c.yaml", "--candidate", name,
+                       "--path", path, "--out", out, "--device", "cpu")
 
 
 def test_score_a_gguf_candidate_weights_only(setup):
     s = setup
     res = _score(s, "q8", "weights-only", s["tmp"] / "rec")
-    assert res.exit_code == 0, res.output
+    assert res.code == 0, res.stderr
     info = json.loads((s["tmp"] / "rec" / "score.json").read_text())["candidate_info"]
     assert info["source"] == "checkpoint" and info["activations"] == "none"
     assert info["checkpoint"]["sha256"] == sha256_file(s["gguf"])
@@ -84,7 +81,7 @@ def test_score_a_gguf_candidate_weights_only(setup):
 def test_serving_path_quantizes_activations(setup):
     s = setup
     res = _score(s, "q8", "serving", s["tmp"] / "rec-s")
-    assert res.exit_code == 0, res.output
+    assert res.code == 0, res.stderr
     info = json.loads((s["tmp"] / "rec-s" / "score.json").read_text())["candidate_info"]
     assert info["activations"] == "e4m3 per 1x128"
     a = pq.read_table(s["tmp"] / "rec-s" / "records.parquet").column("kld").to_numpy()
@@ -100,9 +97,8 @@ def test_serving_path_quantizes_activations(setup):
 def test_bad_checkpoint_candidates_are_one_line(setup, name, path, expect):
     s = setup
     out = s["tmp"] / f"rec-{name}"
-    proc = subprocess.run([sys.executable, "-m", "fideval.cli", "score", "--teacher", str(s["tmp"] / "teacher"),
-                           "--config", str(s["tmp"] / "c.yaml"), "--candidate", name, "--path", path,
-                           "--out", str(out), "--device", "cpu"], capture_output=True, text=True, cwd=ROOT)
-    assert proc.returncode == 2, proc.stderr
+    proc = run_fideval("score", "--teacher", s["tmp"] / "teacher", "--config", s["tmp"] / "c.yaml", "--candidate", name,
+                       "--path", path, "--out", out, "--device", "cpu", cwd=ROOT, fresh_process=True)
+    assert proc.code == 2, proc.stderr
     assert proc.stderr.count("\n") == 1 and expect in proc.stderr
     assert not (out / "records.parquet").exists()

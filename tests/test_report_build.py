@@ -5,33 +5,15 @@ from __future__ import annotations
 
 import hashlib
 import json
-import sys
 
 import numpy as np
 import polars as pl
 import pytest
+import synthetic as syn  # tests/synthetic.py
+from cli_runner import run_fideval
 from scipy import stats
 
-from fideval.report import synthetic as syn
-
 DOMAINS = ["code", "math", "prose"]
-
-
-def cli(capsys, *args: str) -> tuple[int, str, str]:
-    """Run the fideval CLI in-process (as the console script does); returns (exit code, stdout, stderr)."""
-    from fideval import cli as cli_mod
-
-    old = sys.argv
-    sys.argv = ["fideval", *args]
-    try:
-        cli_mod.main()
-        code = 0
-    except SystemExit as e:
-        code = int(e.code or 0)
-    finally:
-        sys.argv = old
-    out = capsys.readouterr()
-    return code, out.out, out.err
 
 
 def make_records(root, windows, *, sets=None, seed=0, **kw):
@@ -182,22 +164,12 @@ def test_summaries(demo, report):
     }
 
 
-def test_deterministic_bytes(demo, tmp_path, capsys):
+def test_deterministic_bytes(demo, tmp_path):
     root, dirs = demo
     hashes = []
     for k in range(2):
         out = tmp_path / f"o{k}"
-        code, _, err = cli(
-            capsys,
-            "report",
-            *records_args(dirs),
-            "--windows",
-            str(root),
-            "--out",
-            str(out),
-            "--resamples",
-            "300",
-        )
+        code, _, err = run_fideval("report", *records_args(dirs), "--windows", str(root), "--out", str(out), "--resamples", "300")
         assert code == 0, err
         hashes.append({p.relative_to(out).as_posix(): hashlib.sha256(p.read_bytes()).hexdigest()
                        for p in sorted(out.rglob("*")) if p.is_file()})
@@ -205,7 +177,7 @@ def test_deterministic_bytes(demo, tmp_path, capsys):
     assert "report.json" in hashes[0] and sum(n.endswith(".png") for n in hashes[0]) == 12
 
 
-def test_checks_and_gates(tmp_path, capsys):
+def test_checks_and_gates(tmp_path):
     windows = syn.window_ids(DOMAINS, 4)
     df = syn.records_frame("q4", "serving", 128, 128, windows, seed=1)
     df = df.with_columns(
@@ -239,25 +211,8 @@ def test_checks_and_gates(tmp_path, capsys):
         )
     )
     out = tmp_path / "out"
-    code, _, err = cli(
-        capsys,
-        "report",
-        "--records",
-        str(d1),
-        "--records",
-        str(d2),
-        "--teacher-manifest",
-        str(man),
-        "--self-check",
-        str(d3),
-        "--self-check",
-        str(d4),
-        "--out",
-        str(out),
-        "--resamples",
-        "200",
-        "--no-plots",
-    )
+    code, _, err = run_fideval("report", "--records", d1, "--records", d2, "--teacher-manifest", man, "--self-check", d3,
+                               "--self-check", d4, "--out", out, "--resamples", "200", "--no-plots")
     assert code == 0, err
     rep = json.loads((out / "report.json").read_text())
     status = {c["name"]: c["status"] for c in rep["checks"]}
@@ -277,28 +232,26 @@ def test_checks_and_gates(tmp_path, capsys):
         "teacher/store/128" in self_score["detail"] and "teacher-self/store/128" not in self_score["detail"]
     )
     assert {r["candidate"] for r in rep["results"]} == {"q4", "teacher"}  # self-check records are not results
-    code, _, err = cli(
-        capsys, "check", str(out / "report.json"), "--max-mean-kld", "0.001", "--min-top1", "0.999"
-    )
+    code, _, err = run_fideval("check", str(out / "report.json"), "--max-mean-kld", "0.001", "--min-top1", "0.999")
     lines = err.strip().splitlines()
     assert code == 1 and len(lines) == 4 + 2 + 2 and all(line.startswith("FAIL ") for line in lines)
     assert any("gate mean_kld_max failed: q4/serving/128" in line for line in lines)
-    code, _, _ = cli(capsys, "check", str(out / "report.json"), "--out", str(tmp_path / "check.txt"))
+    code, _, _ = run_fideval("check", str(out / "report.json"), "--out", str(tmp_path / "check.txt"))
     assert code == 1 and (tmp_path / "check.txt").read_text().count("FAIL check") == 4
 
 
-def test_check_passes_and_fails_on_gates(report, capsys):
+def test_check_passes_and_fails_on_gates(report):
     rep, out = report
-    code, stdout, _ = cli(capsys, "check", str(out))
+    code, stdout, _ = run_fideval("check", str(out))
     assert code == 0 and "ok" in stdout
     worst = max(r["overall"]["mean_kld"]["estimate"] for r in rep["results"])
-    code, _, _ = cli(capsys, "check", str(out), "--max-mean-kld", f"{worst * 1.0001}")
+    code, _, _ = run_fideval("check", str(out), "--max-mean-kld", f"{worst * 1.0001}")
     assert code == 0
-    code, _, err = cli(capsys, "check", str(out), "--max-mean-kld", f"{worst * 0.9999}")
+    code, _, err = run_fideval("check", str(out), "--max-mean-kld", f"{worst * 0.9999}")
     assert code == 1 and err.count("FAIL gate mean_kld_max") == 1
 
 
-def test_config_gates_settings_and_provenance(demo, tmp_path, capsys):
+def test_config_gates_settings_and_provenance(demo, tmp_path):
     root, dirs = demo
     cfg = tmp_path / "c.yaml"
     text = (
@@ -312,9 +265,7 @@ def test_config_gates_settings_and_provenance(demo, tmp_path, capsys):
     )
     cfg.write_text(text)
     out = tmp_path / "o"
-    code, _, err = cli(
-        capsys, "report", *records_args(dirs[:2]), "--config", str(cfg), "--out", str(out), "--no-plots"
-    )
+    code, _, err = run_fideval("report", *records_args(dirs[:2]), "--config", str(cfg), "--out", str(out), "--no-plots")
     assert code == 0, err
     rep = json.loads((out / "report.json").read_text())
     assert rep["settings"]["resamples"] == 200 and rep["settings"]["seed"] == 5
@@ -322,49 +273,45 @@ def test_config_gates_settings_and_provenance(demo, tmp_path, capsys):
                                              "trust_remote_code": False}
     assert len(rep["provenance"]["config_hash"]) == 64
     assert rep["provenance"]["candidates"]["q4"]["quant"] == {"routed_experts": {"format": "mxfp4"}}
-    code, _, err = cli(capsys, "check", str(out))
+    code, _, err = run_fideval("check", str(out))
     assert code == 1 and err.count("gate top1_min failed") == 2
     cfg.write_text(text.replace("fideval/demo-moe", "org/other"))
-    code, _, err = cli(
-        capsys, "report", *records_args(dirs[:2]), "--config", str(cfg), "--out", str(out), "--no-plots"
-    )
+    code, _, err = run_fideval("report", *records_args(dirs[:2]), "--config", str(cfg), "--out", str(out), "--no-plots")
     assert code == 2 and "holds model_id fideval/demo-moe, the reference's is org/other" in err
 
 
-def test_bad_inputs_are_one_line(demo, tmp_path, capsys):
+def test_bad_inputs_are_one_line(demo, tmp_path):
     _, dirs = demo
     df = _frame(dirs, 0)
     bad = df.with_columns(
         pl.when(pl.col("position") == 7).then(float("nan")).otherwise(pl.col("kld")).alias("kld")
     )
     d = syn.write_records(tmp_path / "nan", bad, "q4", "serving", 256)
-    code, _, err = cli(capsys, "report", "--records", str(d), "--out", str(tmp_path / "o"))
+    code, _, err = run_fideval("report", "--records", str(d), "--out", str(tmp_path / "o"))
     assert code == 2 and err.count("\n") == 1
     assert "nan/records.parquet: column 'kld' has 12 NaN/infinite values" in err
 
     d = syn.write_records(tmp_path / "miss", df.drop("p1_ref"), "q4", "serving", 256)
-    code, _, err = cli(capsys, "report", "--records", str(d), "--out", str(tmp_path / "o"))
+    code, _, err = run_fideval("report", "--records", str(d), "--out", str(tmp_path / "o"))
     assert code == 2 and "missing column 'p1_ref'" in err and err.count("\n") == 1
 
     d = syn.write_records(tmp_path / "ver", df, "q4", "serving", 256)
     sc = json.loads((d / "score.json").read_text())
     (d / "score.json").write_text(json.dumps(sc | {"version": 2}))
-    code, _, err = cli(capsys, "report", "--records", str(d), "--out", str(tmp_path / "o"))
+    code, _, err = run_fideval("report", "--records", str(d), "--out", str(tmp_path / "o"))
     assert code == 2 and "score format version 2" in err
 
-    code, _, err = cli(
-        capsys, "report", "--records", dirs[0], "--records", dirs[0], "--out", str(tmp_path / "o")
-    )
+    code, _, err = run_fideval("report", "--records", dirs[0], "--records", dirs[0], "--out", str(tmp_path / "o"))
     assert code == 2 and "sequence code-000 of q4/serving/256 is in both" in err
 
 
 @pytest.mark.parametrize("version,word", [(0, "an older"), (2, "a newer")])
-def test_card_and_check_refuse_other_versions(report, tmp_path, capsys, version, word):
+def test_card_and_check_refuse_other_versions(report, tmp_path, version, word):
     rep, _ = report
     p = tmp_path / "report.json"
     p.write_text(json.dumps(rep | {"version": version}))
     for verb in (["check", str(p)], ["card", str(p), "--out", str(tmp_path / "README.md")]):
-        code, _, err = cli(capsys, *verb)
+        code, _, err = run_fideval(*verb)
         assert code == 2 and err.count("\n") == 1
         assert f"report format version {version} ({word} fideval); this fideval reads version 1" in err
 
@@ -438,12 +385,12 @@ def test_per_domain_folders_merge_into_the_same_figures(demo, tmp_path):
         assert many[k] == one[k]
 
 
-def test_truncated_report_is_one_line(report, tmp_path, capsys):
+def test_truncated_report_is_one_line(report, tmp_path):
     rep, _ = report
     p = tmp_path / "report.json"
     p.write_text(json.dumps(rep | {"settings": {k: v for k, v in rep["settings"].items() if k != "domains"}}))
-    code, _, err = cli(capsys, "card", str(p), "--out", str(tmp_path / "R.md"), "--candidate", "q4")
+    code, _, err = run_fideval("card", str(p), "--out", str(tmp_path / "R.md"), "--candidate", "q4")
     assert code == 2 and "missing key 'settings.domains'" in err and err.count("\n") == 1
     p.write_text("{not json")
-    code, _, err = cli(capsys, "check", str(p))
+    code, _, err = run_fideval("check", str(p))
     assert code == 2 and "is not readable JSON" in err

@@ -5,28 +5,11 @@ from __future__ import annotations
 
 import json
 import os
-import sys
 
 import pytest
+import synthetic as syn  # tests/synthetic.py
 import yaml
-
-from fideval.report import synthetic as syn
-
-
-def cli(capsys, *args: str) -> tuple[int, str, str]:
-    from fideval import cli as cli_mod
-
-    old = sys.argv
-    sys.argv = ["fideval", *args]
-    try:
-        cli_mod.main()
-        code = 0
-    except SystemExit as e:
-        code = int(e.code or 0)
-    finally:
-        sys.argv = old
-    out = capsys.readouterr()
-    return code, out.out, out.err
+from cli_runner import run_fideval
 
 
 @pytest.fixture(scope="module")
@@ -38,23 +21,16 @@ def report_dir(tmp_path_factory):
         df = syn.records_frame(cand, path, 128, 128, windows, effect=eff)
         args += ["--records", str(syn.write_records(root / f"{cand}-{path}", df, cand, path, 128))]
     syn.write_eval_windows(root, windows, 128)
-    from fideval.cli import app
-    from typer.testing import CliRunner
-
-    res = CliRunner().invoke(
-        app, ["report", *args, "--windows", str(root), "--out", str(root / "report"), "--resamples", "400"]
-    )
-    assert res.exit_code == 0, res.output
+    res = run_fideval("report", *args, "--windows", str(root), "--out", str(root / "report"), "--resamples", "400")
+    assert res.code == 0, res.stderr
     return root / "report"
 
 
-def test_card_parses_with_modelcard_and_matches_report(report_dir, tmp_path, capsys):
+def test_card_parses_with_modelcard_and_matches_report(report_dir, tmp_path):
     from huggingface_hub import ModelCard
 
     out = tmp_path / "site" / "README.md"
-    code, _, err = cli(
-        capsys, "card", str(report_dir / "report.json"), "--out", str(out), "--candidate", "q4"
-    )
+    code, _, err = run_fideval("card", str(report_dir / "report.json"), "--out", str(out), "--candidate", "q4")
     assert code == 0, err
     text = out.read_text()
     assert "!!python" not in text and "nan" not in text.split("---")[1].lower()
@@ -89,22 +65,20 @@ def test_card_parses_with_modelcard_and_matches_report(report_dir, tmp_path, cap
         assert (out.parent / href).exists()
 
 
-def test_card_is_byte_identical(report_dir, tmp_path, capsys):
+def test_card_is_byte_identical(report_dir, tmp_path):
     outs = []
     for k in range(2):
         out = tmp_path / f"R{k}.md"
-        assert cli(capsys, "card", str(report_dir), "--out", str(out), "--candidate", "q8")[0] == 0
+        assert run_fideval("card", str(report_dir), "--out", str(out), "--candidate", "q8")[0] == 0
         outs.append(out.read_bytes())
     assert outs[0] == outs[1]
 
 
-def test_user_template_replaces_body(report_dir, tmp_path, capsys):
+def test_user_template_replaces_body(report_dir, tmp_path):
     t = tmp_path / "body.md.j2"
     t.write_text("# {{ card.candidate }}\n\nmean KLD {{ card.headline[0].mean }}\n")
     out = tmp_path / "README.md"
-    code, _, err = cli(
-        capsys, "card", str(report_dir), "--out", str(out), "--candidate", "q8", "--template", str(t)
-    )
+    code, _, err = run_fideval("card", str(report_dir), "--out", str(out), "--candidate", "q8", "--template", str(t))
     assert code == 0, err
     text = out.read_text()
     fm, body = text.split("---\n")[1], text.split("---\n", 2)[2]
@@ -113,14 +87,12 @@ def test_user_template_replaces_body(report_dir, tmp_path, capsys):
     m = next(r for r in rep["results"] if r["candidate"] == "q8")["overall"]["mean_kld"]
     assert body == f"\n# q8\n\nmean KLD {m['estimate']:.4g} [{m['ci'][0]:.4g}, {m['ci'][1]:.4g}]\n"
     t.write_text("{{ card.no_such_field }}\n")
-    code, _, err = cli(
-        capsys, "card", str(report_dir), "--out", str(out), "--candidate", "q8", "--template", str(t)
-    )
+    code, _, err = run_fideval("card", str(report_dir), "--out", str(out), "--candidate", "q8", "--template", str(t))
     assert code == 2 and err.count("\n") == 1 and "no_such_field" in err
 
 
-def test_card_needs_candidate_when_several(report_dir, tmp_path, capsys):
-    code, _, err = cli(capsys, "card", str(report_dir), "--out", str(tmp_path / "R.md"))
+def test_card_needs_candidate_when_several(report_dir, tmp_path):
+    code, _, err = run_fideval("card", str(report_dir), "--out", str(tmp_path / "R.md"))
     assert code == 2 and "holds 2 candidates (q4, q8)" in err and "--candidate" in err
-    code, _, err = cli(capsys, "card", str(report_dir), "--out", str(tmp_path / "R.md"), "--candidate", "q2")
+    code, _, err = run_fideval("card", str(report_dir), "--out", str(tmp_path / "R.md"), "--candidate", "q2")
     assert code == 2 and "'q2' is not in the report" in err

@@ -3,17 +3,14 @@
 from __future__ import annotations
 
 import json
-import subprocess
-import sys
 
 import numpy as np
 import pyarrow.parquet as pq
 import pytest
 import torch
+from cli_runner import run_fideval
 from scipy.special import log_softmax, rel_entr
-from typer.testing import CliRunner
 
-from fideval.cli import app
 from fideval.errors import FidevalError
 from fideval.fsio import sha256_file
 from fideval.score import run as score_run
@@ -48,14 +45,14 @@ def stores(tmp_path):
 
 
 def _invoke(*args):
-    return CliRunner().invoke(app, ["score", *map(str, args)])
+    return run_fideval("score", *args)
 
 
 def test_cli_scores_a_candidate_store(stores):
     out = stores["tmp"] / "records"
     res = _invoke("--teacher", stores["teacher"], "--candidate", stores["candidate"], "--out", out,
                   "--cpu-check-every", 3, "--device", "cpu", "--name", "q4")
-    assert res.exit_code == 0, res.output
+    assert res.code == 0, res.stderr
     table = pq.read_table(out / "records.parquet")
     assert [(f.name, str(f.type)) for f in table.schema] == [(n, {"string": "string", "int32": "int32", "float64": "double",
                                                                "bool": "bool"}[k]) for n, k in COLUMNS]
@@ -82,14 +79,14 @@ def test_cli_scores_a_candidate_store(stores):
 def test_self_check_alone_and_before_a_candidate(stores):
     out = stores["tmp"] / "self"
     res = _invoke("--teacher", stores["teacher"], "--self-check", "--out", out, "--device", "cpu")
-    assert res.exit_code == 0, res.output
+    assert res.code == 0, res.stderr
     df = pq.read_table(out / "records.parquet").to_pandas()
     assert (df.kld == 0).all() and (df.rkld == 0).all() and df.top1.all() and (df.dp == 0).all()
     s = json.loads((out / "score.json").read_text())
     assert s["self_check"] == {"max_kld": 0.0, "top1": 1.0, "rows": len(df)}
     out2 = stores["tmp"] / "both"
     res = _invoke("--teacher", stores["teacher"], "--candidate", stores["candidate"], "--self-check", "--out", out2)
-    assert res.exit_code == 0, res.output
+    assert res.code == 0, res.stderr
     s2 = json.loads((out2 / "score.json").read_text())
     assert s2["self_check"]["max_kld"] == 0.0 and s2["rows"] == len(df)
     assert pq.read_table(out2 / "records.parquet").column("kld").to_numpy().min() > 0
@@ -100,9 +97,8 @@ def test_vocab_mismatch_is_one_line_before_scoring(stores):
     wide = _make(stores["tmp"] / "wide", {s: rng.standard_normal((n, VOCAB + 1)).astype(np.float32) for s, n in LENGTHS.items()},
                  stores["tokens"], vocab=VOCAB + 1)
     out = stores["tmp"] / "r"
-    proc = subprocess.run([sys.executable, "-m", "fideval.cli", "score", "--teacher", str(stores["teacher"]),
-                           "--candidate", str(wide), "--out", str(out)], capture_output=True, text=True)
-    assert proc.returncode == 2
+    proc = run_fideval("score", "--teacher", stores["teacher"], "--candidate", wide, "--out", out, fresh_process=True)
+    assert proc.code == 2
     assert proc.stderr.count("\n") == 1 and "vocab_size 301 differs from the teacher's 300" in proc.stderr
     assert not out.exists()
 
@@ -112,8 +108,7 @@ def test_token_mismatch_names_the_shard(stores):
     tokens["code-000.c1"][4] += 1
     other = _make(stores["tmp"] / "other", stores["cand"], tokens)
     res = _invoke("--teacher", stores["teacher"], "--candidate", other, "--out", stores["tmp"] / "r")
-    assert isinstance(res.exception, FidevalError)
-    assert "shard code-000.c1: candidate token ids differ from the teacher's (first at position 4)" in str(res.exception)
+    assert "shard code-000.c1: candidate token ids differ from the teacher's (first at position 4)" in res.error()
     assert not (stores["tmp"] / "r" / "records.parquet").exists()
 
 

@@ -1,8 +1,16 @@
 """Coverage of the cluster BCa interval at small settings (bench/coverage.py runs the full grid)."""
 
+import importlib.util
+import sys
+from pathlib import Path
+
 import pytest
 
-from fideval.stats.coverage import expanded_confidence, simulate
+# The simulation is a bench tool, not part of the package: load bench/coverage_sim.py by its path.
+_spec = importlib.util.spec_from_file_location("coverage_sim", Path(__file__).resolve().parent.parent / "bench" / "coverage_sim.py")
+coverage_sim = sys.modules["coverage_sim"] = importlib.util.module_from_spec(_spec)  # dataclasses look it up
+_spec.loader.exec_module(coverage_sim)
+expanded_confidence, simulate = coverage_sim.expanded_confidence, coverage_sim.simulate
 
 
 @pytest.mark.slow  # ~5 s of CPU; longer on a shared machine

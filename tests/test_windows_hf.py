@@ -9,7 +9,8 @@ import subprocess
 
 import numpy as np
 import pytest
-from windows_fixtures import make_tokenizer, one_error_line, run_cli, text_docs, write_config, write_jsonl
+from cli_runner import run_fideval
+from windows_fixtures import make_tokenizer, one_error_line, text_docs, write_config, write_jsonl
 
 from fideval.windows.layout import read_sequences
 
@@ -40,7 +41,7 @@ def dataset_repo(tmp_path, docs):
 
 
 @pytest.mark.parametrize("streaming", [True, False])
-def test_local_dataset_folder_matches_the_same_jsonl(tmp_path, model, capsys, hf_cache, streaming):
+def test_local_dataset_folder_matches_the_same_jsonl(tmp_path, model, hf_cache, streaming):
     docs = text_docs(1, 80)
     repo = dataset_repo(tmp_path, docs)
     hf = {"name": "a", "source": {"type": "hf", "id": str(repo), "split": "train", "revision": "main",
@@ -48,7 +49,7 @@ def test_local_dataset_folder_matches_the_same_jsonl(tmp_path, model, capsys, hf
     lc = {"name": "a", "source": {"type": "local", "path": str(repo / "data" / "train.jsonl"), "text_field": "text"}}
     for name, dom in (("hf", hf), ("local", lc)):
         cfg = write_config(tmp_path / f"{name}.yaml", model, [dom])
-        code, _, err = run_cli(["windows", cfg, "--out", tmp_path / name], capsys)
+        code, _, err = run_fideval("windows", cfg, "--out", tmp_path / name)
         assert code == 0, err
     a, b = (read_sequences(tmp_path / n / "windows-256") for n in ("hf", "local"))
     assert np.array_equal(a.tokens, b.tokens)  # same rows in the same order -> same windows
@@ -60,36 +61,36 @@ def test_local_dataset_folder_matches_the_same_jsonl(tmp_path, model, capsys, hf
     assert rec["domains"]["a"]["source"]["resolved"] == {"revision": "main", "commit": commit, "note": None}
 
 
-def test_revision_that_does_not_resolve(tmp_path, model, capsys, hf_cache):
+def test_revision_that_does_not_resolve(tmp_path, model, hf_cache):
     repo = dataset_repo(tmp_path, text_docs(1, 10))
     cfg = write_config(tmp_path / "c.yaml", model, [{"name": "a", "source": {
         "type": "hf", "id": str(repo), "revision": "v9-missing", "text_field": "text"}}])
-    code, _, err = run_cli(["windows", cfg, "--out", tmp_path / "o"], capsys)
+    code, _, err = run_fideval("windows", cfg, "--out", tmp_path / "o")
     assert code == 2
     assert one_error_line(err) == (f"fideval: error: domains.a.source.revision: 'v9-missing' does not resolve in the "
                                    f"dataset repository {repo} (give a branch, tag or commit that exists)")
 
 
-def test_field_missing_in_dataset_rows(tmp_path, model, capsys, hf_cache):
+def test_field_missing_in_dataset_rows(tmp_path, model, hf_cache):
     repo = dataset_repo(tmp_path, text_docs(1, 10))
     shutil.rmtree(repo / ".git")
     cfg = write_config(tmp_path / "c.yaml", model, [{"name": "a", "source": {
         "type": "hf", "id": str(repo), "revision": "main", "text_field": "content"}}])
-    code, _, err = run_cli(["windows", cfg, "--out", tmp_path / "o"], capsys)
+    code, _, err = run_fideval("windows", cfg, "--out", tmp_path / "o")
     assert code == 2
     line = one_error_line(err)
     assert "domains.a.source: field 'content' does not exist in the rows of" in line and "fields: id, text" in line
 
 
-def test_missing_split(tmp_path, model, capsys, hf_cache):
+def test_missing_split(tmp_path, model, hf_cache):
     repo = dataset_repo(tmp_path, text_docs(1, 10))
     cfg = write_config(tmp_path / "c.yaml", model, [{"name": "a", "source": {
         "type": "hf", "id": str(repo), "revision": "main", "split": "validation"}}])
-    code, _, err = run_cli(["windows", cfg, "--out", tmp_path / "o"], capsys)
+    code, _, err = run_fideval("windows", cfg, "--out", tmp_path / "o")
     assert code == 2 and "domains.a.source.split" in one_error_line(err) and "'validation'" in err
 
 
-def test_hub_revision_that_does_not_resolve(tmp_path, model, capsys, monkeypatch):
+def test_hub_revision_that_does_not_resolve(tmp_path, model, monkeypatch):
     """The Hub answers 'no such revision' (simulated: tests never reach the network) -> one line."""
     import huggingface_hub
     from huggingface_hub.errors import RevisionNotFoundError
@@ -105,7 +106,7 @@ def test_hub_revision_that_does_not_resolve(tmp_path, model, capsys, monkeypatch
     monkeypatch.setattr(sources, "_RESOLVED", {})
     cfg = write_config(tmp_path / "c.yaml", model, [{"name": "a", "source": {
         "type": "hf", "id": "org/ds", "revision": "v0-nope", "text_field": "text"}}])
-    code, _, err = run_cli(["windows", cfg, "--out", tmp_path / "o"], capsys)
+    code, _, err = run_fideval("windows", cfg, "--out", tmp_path / "o")
     assert code == 2
     assert one_error_line(err) == ("fideval: error: domains.a.source.revision: 'v0-nope' does not resolve for dataset "
                                    "org/ds (give a branch, tag or commit that exists)")

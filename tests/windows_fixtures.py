@@ -86,25 +86,6 @@ def write_config(path: Path, model: Path, domains: list[dict], *, windows: dict 
     return path
 
 
-def run_cli(args: list[str], capsys) -> tuple[int, str, str]:
-    """Run ``fideval ARGS`` in-process through the real entry point; (exit code, stdout, stderr)."""
-    import sys
-
-    from fideval.cli import main
-
-    old = sys.argv
-    sys.argv = ["fideval", *map(str, args)]
-    try:
-        main()
-        code = 0
-    except SystemExit as e:
-        code = e.code if isinstance(e.code, int) else (0 if e.code is None else 1)
-    finally:
-        sys.argv = old
-    out = capsys.readouterr()
-    return code, out.out, out.err
-
-
 def one_error_line(err: str) -> str:
     """The single ``fideval: error:`` line of stderr (progress lines may precede it); asserts there is one."""
     lines = [ln for ln in err.splitlines() if ln.startswith("fideval: error:")]

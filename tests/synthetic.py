@@ -1,4 +1,4 @@
-"""Synthetic per-token records, written exactly per the records contract, for tests and benchmarks.
+"""Synthetic per-token records, written exactly per the records contract, for the report and card tests.
 
 Windows differ in difficulty (a per-window log-normal factor shared by every candidate, path and length,
 as real windows are), so cluster intervals are wider than token ones and ratios of builds are tight.

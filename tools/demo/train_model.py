@@ -14,7 +14,7 @@ Why these choices:
   save/load — a check the tests make.
 - Deterministic: one seed, a fixed step count (not a time budget), 2 threads, a fixed data order.
 
-Run after ``build_tokenizer``: ``python -m fideval.demo.train_model`` (writes config.json,
+Run after ``build_tokenizer``: ``python tools/demo/train_model.py`` (writes config.json,
 model.safetensors, generation_config.json and TRAINING.json into ``assets/model/``).
 """
 
@@ -30,7 +30,7 @@ from pathlib import Path
 
 from fideval import fsio
 from fideval.demo import DOMAINS, MODEL_DIR
-from fideval.demo.build_tokenizer import document_text, read_domain
+from build_tokenizer import document_text, read_domain  # tools/demo/build_tokenizer.py, beside this file
 
 SEED = 1234
 STEPS = 1800
@@ -201,7 +201,8 @@ def main(argv: list[str] | None = None) -> None:
                    "mean": round(sum(v) / len(v), 4)} for d, v in top1.items()}
     for d, s in summary.items():
         print(f"top1 {d:13s} chunks {s['chunks']:3d} min {s['min']:.3f} max {s['max']:.3f} mean {s['mean']:.3f}")
-    command = "python -m fideval.demo.train_model" + (f" --steps {args.steps}" if args.steps != STEPS else "")
+    # the committed TRAINING.json says "python -m fideval.demo.train_model": this script at its former place
+    command = "python tools/demo/train_model.py" + (f" --steps {args.steps}" if args.steps != STEPS else "")
     fsio.write_json(MODEL_DIR / "TRAINING.json", {
         "format": "fideval.demo.training", "version": "1", "command": command, "seed": SEED, "steps": args.steps,
         "threads": THREADS, "tokens_per_step": SHORT * SHORT_BATCH,

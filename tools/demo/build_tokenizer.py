@@ -6,7 +6,7 @@ instead of thousands of rare merges, which a 4,096-token vocabulary cannot affor
 (``tokenizer(text)`` adds no BOS/EOS): the windows stage decides where document separators go; chat
 conversations get their ``<|bos|>`` from the chat template, as with real chat models.
 
-Run after ``build_corpus``: ``python -m fideval.demo.build_tokenizer``.
+Run after ``build_corpus``: ``python tools/demo/build_tokenizer.py``.
 """
 
 from __future__ import annotations

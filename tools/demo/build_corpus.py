@@ -11,7 +11,7 @@ calibration text. A demo where that screen never fires proves nothing, so a few 
 verbatim into the calibration file and listed in ``planted.json`` — the screen must find exactly those.
 
 Determinism: inputs are read in a fixed order, every random choice comes from ``random.Random(SEED)`` per
-domain, and JSONL is written with fixed key order, so ``python -m fideval.demo.build_corpus`` re-creates
+domain, and JSONL is written with fixed key order, so ``python tools/demo/build_corpus.py`` re-creates
 the committed files byte for byte on a machine with the same inputs (SOURCES.md lists them).
 """
 
@@ -30,6 +30,8 @@ from fideval import fsio
 from fideval.demo import CALIBRATION_DIR, CORPUS_DIR
 
 SEED = 20261202
+# The generated documents' "source" labels name this builder by the module path it had when the committed corpus
+# was built (fideval.demo.build_corpus); they stay so that a rebuild is still byte-identical to the committed files.
 STDLIB = Path(sysconfig.get_paths()["stdlib"])
 LICENSES = Path("/usr/share/common-licenses")
 LOCALE = Path("/usr/share/locale")
