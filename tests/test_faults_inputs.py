@@ -36,7 +36,7 @@ from faults_fixtures import (
     write_gguf,
     write_kld_base,
 )
-from windows_fixtures import chat_docs, make_tokenizer, text_docs, write_jsonl
+from windows_fixtures import chat_docs, text_docs, write_jsonl
 
 from fideval.errors import FidevalError
 
@@ -640,11 +640,6 @@ def _(t, tok):
 
 
 # == the test ======================================================================================================
-@pytest.fixture(scope="module")
-def tok(tmp_path_factory):
-    return make_tokenizer(tmp_path_factory.mktemp("faults-tok") / "model")
-
-
 def verify_report(code: int, err: str, store: str, needles: list[str]) -> None:
     """``fideval verify`` on a damaged store: exit 1, every line names the store, one problem line holds the
     needles (the shard's file name), the last line counts the problems and gives the fix."""
@@ -657,11 +652,11 @@ def verify_report(code: int, err: str, store: str, needles: list[str]) -> None:
 
 
 @pytest.mark.parametrize("name", list(CASES))
-def test_bad_input(name, tmp_path, tok):
+def test_bad_input(name, tmp_path, tokenizer_dir):
     setup, exit_code = CASES[name]
     t = tmp_path / "case"
     t.mkdir()
-    args, needles = setup(t, tok)
+    args, needles = setup(t, tokenizer_dir)
     before, temps = snapshot(tmp_path), temp_leftovers(tmp_path)
     code, _out, err = run_fideval(*args)
     if exit_code == 2:
@@ -683,10 +678,10 @@ def test_table_is_big_enough_and_documented():
 
 @pytest.mark.parametrize("name", ["config: not UTF-8", "store: header claims 10^12 rows", "gguf: tensor count 10^12",
                                   "llama.cpp: truncated"])
-def test_same_contract_in_a_fresh_process(name, tmp_path, tok):
+def test_same_contract_in_a_fresh_process(name, tmp_path, tokenizer_dir):
     """The in-process runs above go through ``fideval.cli.main``; a few go through a real process too."""
     setup, exit_code = CASES[name]
-    args, needles = setup(tmp_path, tok)
+    args, needles = setup(tmp_path, tokenizer_dir)
     p = run_fideval(*args, fresh_process=True)
     if exit_code == 2:
         error_line(p.code, p.stderr, *needles)

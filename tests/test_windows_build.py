@@ -8,30 +8,25 @@ import numpy as np
 import pyarrow.parquet as pq
 import pytest
 from cli_runner import run_fideval
-from windows_fixtures import chat_docs, make_tokenizer, text_docs, write_config, write_jsonl
+from windows_fixtures import chat_docs, text_docs, write_config, write_jsonl
 from windows_oracles import oracle_grams
 
 from fideval.windows.layout import read_sequences, token_sha256
 
 
 @pytest.fixture(scope="module")
-def model(tmp_path_factory):
-    return make_tokenizer(tmp_path_factory.mktemp("tok") / "model")
-
-
-@pytest.fixture(scope="module")
-def tok(model):
+def tok(tokenizer_dir):
     from transformers import AutoTokenizer
 
-    return AutoTokenizer.from_pretrained(str(model))
+    return AutoTokenizer.from_pretrained(str(tokenizer_dir))
 
 
 def grams(text, n=13):
     return oracle_grams(text, n)
 
 
-def build(tmp_path, model, domains, name="out", seed=None, **kw):
-    cfg = write_config(tmp_path / f"{name}.yaml", model, domains, **kw)
+def build(tmp_path, tokenizer_dir, domains, name="out", seed=None, **kw):
+    cfg = write_config(tmp_path / f"{name}.yaml", tokenizer_dir, domains, **kw)
     args = ["windows", cfg, "--out", tmp_path / name] + (["--seed", seed] if seed is not None else [])
     code, out, err = run_fideval(*args)
     assert code == 0, err
@@ -53,8 +48,8 @@ def corpus(tmp_path):
             {"name": "chat", "kind": "chat", "source": {"type": "local", "path": str(chat), "messages_field": "messages"}}]
 
 
-def test_outputs_recompute_and_cuts_concatenate(tmp_path, model, tok):
-    rec, _ = build(tmp_path, model, corpus(tmp_path))
+def test_outputs_recompute_and_cuts_concatenate(tmp_path, tokenizer_dir, tok):
+    rec, _ = build(tmp_path, tokenizer_dir, corpus(tmp_path))
     assert rec["format"] == "fideval.eval-windows" and rec["version"] == 2
     assert rec["screen"]["status"] == "skipped"
     wins = read_sequences(tmp_path / "out" / "windows-256")
@@ -72,8 +67,8 @@ def test_outputs_recompute_and_cuts_concatenate(tmp_path, model, tok):
                                          "window_sha256": rec["windows"][1]["sha256"], "cut_sha256": rec["windows"][1]["cuts"][1]["sha256"]}
 
 
-def test_packing_separators_spans_and_no_reuse(tmp_path, model, tok):
-    rec, _ = build(tmp_path, model, corpus(tmp_path))
+def test_packing_separators_spans_and_no_reuse(tmp_path, tokenizer_dir, tok):
+    rec, _ = build(tmp_path, tokenizer_dir, corpus(tmp_path))
     texts = {"a": {d["id"]: d["text"] for d in text_docs(1, 80)}}
     chats = {d["id"]: tok.apply_chat_template(d["messages"], tokenize=False) for d in chat_docs(4, 60)}
     wins = dict(zip(*(lambda s: (s.ids, s.tokens))(read_sequences(tmp_path / "out" / "windows-256"))))
@@ -104,11 +99,11 @@ def test_packing_separators_spans_and_no_reuse(tmp_path, model, tok):
         assert w["documents"][-1]["tokens"][1] <= 256
 
 
-def test_seed_determinism(tmp_path, model):
+def test_seed_determinism(tmp_path, tokenizer_dir):
     doms = corpus(tmp_path)
-    r1, _ = build(tmp_path, model, doms, name="s1")
-    r2, _ = build(tmp_path, model, doms, name="s2")
-    r3, _ = build(tmp_path, model, doms, name="s3", seed=7)
+    r1, _ = build(tmp_path, tokenizer_dir, doms, name="s1")
+    r2, _ = build(tmp_path, tokenizer_dir, doms, name="s2")
+    r3, _ = build(tmp_path, tokenizer_dir, doms, name="s3", seed=7)
     assert [w["sha256"] for w in r1["windows"]] == [w["sha256"] for w in r2["windows"]]
     s1, s2 = (read_sequences(tmp_path / n / "cuts-64") for n in ("s1", "s2"))
     assert s1.ids == s2.ids and np.array_equal(s1.tokens, s2.tokens)
@@ -118,14 +113,14 @@ def test_seed_determinism(tmp_path, model):
 
 
 @pytest.mark.parametrize("unit", ["words", "tokens"])
-def test_contaminated_window_is_replaced_and_fraction_matches_bruteforce(tmp_path, model, tok, unit):
+def test_contaminated_window_is_replaced_and_fraction_matches_bruteforce(tmp_path, tokenizer_dir, tok, unit):
     docs = text_docs(1, 80)
     doms = [{"name": "a", "source": {"type": "local", "path": str(write_jsonl(tmp_path / "a.jsonl", docs))}}]
-    clean, _ = build(tmp_path, model, doms, name="clean")
+    clean, _ = build(tmp_path, tokenizer_dir, doms, name="clean")
     victim = clean["windows"][1]["documents"][1]["source"]["doc_id"]
     cal_docs = [{"text": d["text"]} for d in text_docs(99, 20)] + [{"text": next(d["text"] for d in docs if d["id"] == victim)}]
     cal = write_jsonl(tmp_path / "cal.jsonl", cal_docs)
-    rec, cfg = build(tmp_path, model, doms, name="screened",
+    rec, cfg = build(tmp_path, tokenizer_dir, doms, name="screened",
                      screen={"calibration": [{"type": "local", "path": str(cal)}], "unit": unit})
     assert rec["screen"]["status"] == "applied" and rec["screen"]["calibration"]["documents"] == 21
     used = [d["source"].get("doc_id") for w in rec["windows"] for d in w["documents"]]
@@ -161,14 +156,14 @@ def test_contaminated_window_is_replaced_and_fraction_matches_bruteforce(tmp_pat
         assert int(total) == w["overlap"]["ngrams"] and fraction == recorded == f"{w['overlap']['fraction']:.4f}"
 
 
-def test_conversation_overlap_drops_it_before_packing(tmp_path, model, tok):
+def test_conversation_overlap_drops_it_before_packing(tmp_path, tokenizer_dir, tok):
     convs = chat_docs(4, 60)
     doms = [{"name": "chat", "kind": "chat", "source": {"type": "local", "path": str(write_jsonl(tmp_path / "c.jsonl", convs))}}]
-    clean, _ = build(tmp_path, model, doms, name="clean")
+    clean, _ = build(tmp_path, tokenizer_dir, doms, name="clean")
     victim = clean["windows"][0]["documents"][0]["source"]["doc_id"]
     msg = next(c for c in convs if c["id"] == victim)["messages"][1]["content"]
     cal = write_jsonl(tmp_path / "cal.jsonl", [{"text": msg}])
-    rec, _ = build(tmp_path, model, doms, name="scr", screen={"calibration": [{"type": "local", "path": str(cal)}]})
+    rec, _ = build(tmp_path, tokenizer_dir, doms, name="scr", screen={"calibration": [{"type": "local", "path": str(cal)}]})
     dropped = rec["domains"]["chat"]["conversations_dropped"]
     assert [d["source"]["doc_id"] for d in dropped] == [victim]
     rendered = tok.apply_chat_template(next(c for c in convs if c["id"] == victim)["messages"], tokenize=False)

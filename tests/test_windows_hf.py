@@ -10,14 +10,9 @@ import subprocess
 import numpy as np
 import pytest
 from cli_runner import run_fideval
-from windows_fixtures import make_tokenizer, one_error_line, text_docs, write_config, write_jsonl
+from windows_fixtures import one_error_line, text_docs, write_config, write_jsonl
 
 from fideval.windows.layout import read_sequences
-
-
-@pytest.fixture(scope="module")
-def model(tmp_path_factory):
-    return make_tokenizer(tmp_path_factory.mktemp("tok") / "model")
 
 
 @pytest.fixture()
@@ -41,14 +36,14 @@ def dataset_repo(tmp_path, docs):
 
 
 @pytest.mark.parametrize("streaming", [True, False])
-def test_local_dataset_folder_matches_the_same_jsonl(tmp_path, model, hf_cache, streaming):
+def test_local_dataset_folder_matches_the_same_jsonl(tmp_path, tokenizer_dir, hf_cache, streaming):
     docs = text_docs(1, 80)
     repo = dataset_repo(tmp_path, docs)
     hf = {"name": "a", "source": {"type": "hf", "id": str(repo), "split": "train", "revision": "main",
                                   "text_field": "text", "streaming": streaming}}
     lc = {"name": "a", "source": {"type": "local", "path": str(repo / "data" / "train.jsonl"), "text_field": "text"}}
     for name, dom in (("hf", hf), ("local", lc)):
-        cfg = write_config(tmp_path / f"{name}.yaml", model, [dom])
+        cfg = write_config(tmp_path / f"{name}.yaml", tokenizer_dir, [dom])
         code, _, err = run_fideval("windows", cfg, "--out", tmp_path / name)
         assert code == 0, err
     a, b = (read_sequences(tmp_path / n / "windows-256") for n in ("hf", "local"))
@@ -61,9 +56,9 @@ def test_local_dataset_folder_matches_the_same_jsonl(tmp_path, model, hf_cache, 
     assert rec["domains"]["a"]["source"]["resolved"] == {"revision": "main", "commit": commit, "note": None}
 
 
-def test_revision_that_does_not_resolve(tmp_path, model, hf_cache):
+def test_revision_that_does_not_resolve(tmp_path, tokenizer_dir, hf_cache):
     repo = dataset_repo(tmp_path, text_docs(1, 10))
-    cfg = write_config(tmp_path / "c.yaml", model, [{"name": "a", "source": {
+    cfg = write_config(tmp_path / "c.yaml", tokenizer_dir, [{"name": "a", "source": {
         "type": "hf", "id": str(repo), "revision": "v9-missing", "text_field": "text"}}])
     code, _, err = run_fideval("windows", cfg, "--out", tmp_path / "o")
     assert code == 2
@@ -71,10 +66,10 @@ def test_revision_that_does_not_resolve(tmp_path, model, hf_cache):
                                    f"dataset repository {repo} (give a branch, tag or commit that exists)")
 
 
-def test_field_missing_in_dataset_rows(tmp_path, model, hf_cache):
+def test_field_missing_in_dataset_rows(tmp_path, tokenizer_dir, hf_cache):
     repo = dataset_repo(tmp_path, text_docs(1, 10))
     shutil.rmtree(repo / ".git")
-    cfg = write_config(tmp_path / "c.yaml", model, [{"name": "a", "source": {
+    cfg = write_config(tmp_path / "c.yaml", tokenizer_dir, [{"name": "a", "source": {
         "type": "hf", "id": str(repo), "revision": "main", "text_field": "content"}}])
     code, _, err = run_fideval("windows", cfg, "--out", tmp_path / "o")
     assert code == 2
@@ -82,15 +77,15 @@ def test_field_missing_in_dataset_rows(tmp_path, model, hf_cache):
     assert "domains.a.source: field 'content' does not exist in the rows of" in line and "fields: id, text" in line
 
 
-def test_missing_split(tmp_path, model, hf_cache):
+def test_missing_split(tmp_path, tokenizer_dir, hf_cache):
     repo = dataset_repo(tmp_path, text_docs(1, 10))
-    cfg = write_config(tmp_path / "c.yaml", model, [{"name": "a", "source": {
+    cfg = write_config(tmp_path / "c.yaml", tokenizer_dir, [{"name": "a", "source": {
         "type": "hf", "id": str(repo), "revision": "main", "split": "validation"}}])
     code, _, err = run_fideval("windows", cfg, "--out", tmp_path / "o")
     assert code == 2 and "domains.a.source.split" in one_error_line(err) and "'validation'" in err
 
 
-def test_hub_revision_that_does_not_resolve(tmp_path, model, monkeypatch):
+def test_hub_revision_that_does_not_resolve(tmp_path, tokenizer_dir, monkeypatch):
     """The Hub answers 'no such revision' (simulated: tests never reach the network) -> one line."""
     import huggingface_hub
     from huggingface_hub.errors import RevisionNotFoundError
@@ -104,7 +99,7 @@ def test_hub_revision_that_does_not_resolve(tmp_path, model, monkeypatch):
 
     monkeypatch.setattr(huggingface_hub.HfApi, "dataset_info", no_such_revision)
     monkeypatch.setattr(sources, "_RESOLVED", {})
-    cfg = write_config(tmp_path / "c.yaml", model, [{"name": "a", "source": {
+    cfg = write_config(tmp_path / "c.yaml", tokenizer_dir, [{"name": "a", "source": {
         "type": "hf", "id": "org/ds", "revision": "v0-nope", "text_field": "text"}}])
     code, _, err = run_fideval("windows", cfg, "--out", tmp_path / "o")
     assert code == 2
