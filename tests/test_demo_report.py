@@ -6,25 +6,22 @@ the committed per-domain figures), and the card (byte-identical from the committ
 """
 
 import json
-import os
 import shutil
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
+from cli_runner import Result, run_fideval
 
 ROOT = Path(__file__).resolve().parent.parent
 DEMO = ROOT / "reports" / "demo"
 REPORT = json.loads((DEMO / "report.json").read_text())
 
 
-def fideval(*args: str, cwd: Path = ROOT) -> subprocess.CompletedProcess:
-    # One torch thread, as the workflow's model jobs run (threads: 1), so float sums keep their order.
-    env = {**os.environ, "OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1"}
-    r = subprocess.run([sys.executable, "-m", "fideval", *args], cwd=cwd, capture_output=True, text=True,
-                       timeout=900, env=env)
-    assert r.returncode == 0, r.stderr[-3000:]
+def fideval(*args: str, cwd: Path = ROOT) -> Result:
+    # One torch thread, as the workflow's model jobs run (threads: 1), so float sums keep their order: a fresh
+    # process, since torch reads these at import.
+    r = run_fideval(*args, cwd=cwd, env={"OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1"}, fresh_process=True, timeout=900)
+    assert r.code == 0, r.stderr[-3000:]
     return r
 
 

@@ -5,12 +5,11 @@ from __future__ import annotations
 
 import hashlib
 import os
-import subprocess
-import sys
 from pathlib import Path
 
 import numpy as np
 import pytest
+from cli_runner import run_fideval
 
 from fideval.errors import FidevalError
 from fideval.store import StoreReader, StoreWriter
@@ -85,13 +84,11 @@ def test_missing_revision_offline_is_one_line(hub_cache):
 
 def test_cli_verify_hub_spec_offline_via_env(hub_cache):
     cache, _ = hub_cache
-    env = {**os.environ, "HF_HUB_CACHE": str(cache), "HF_HUB_OFFLINE": "1"}
-    ok = subprocess.run([sys.executable, "-m", "fideval.cli", "verify", "hf://datasets/org/teachers@main/demo/l16"],
-                        check=False, capture_output=True, text=True, env=env, timeout=120)
-    assert ok.returncode == 0 and "ok (2 shards, 32 rows" in ok.stdout, ok.stderr
-    bad = subprocess.run([sys.executable, "-m", "fideval.cli", "verify", "hf://datasets/org/teachers@nope/demo/l16"],
-                         check=False, capture_output=True, text=True, env=env, timeout=120)
-    assert bad.returncode == 2 and bad.stderr.count("\n") == 1 and "not in the local Hub cache" in bad.stderr
+    env = {"HF_HUB_CACHE": str(cache), "HF_HUB_OFFLINE": "1"}  # read at import: a fresh process
+    ok = run_fideval("verify", "hf://datasets/org/teachers@main/demo/l16", env=env, fresh_process=True)
+    assert ok.code == 0 and "ok (2 shards, 32 rows" in ok.stdout, ok.stderr
+    bad = run_fideval("verify", "hf://datasets/org/teachers@nope/demo/l16", env=env, fresh_process=True)
+    assert bad.code == 2 and bad.stderr.count("\n") == 1 and "not in the local Hub cache" in bad.stderr
 
 
 def test_link_outside_a_local_store_is_refused(hub_cache, tmp_path):

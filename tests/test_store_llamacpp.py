@@ -3,12 +3,9 @@
 
 from __future__ import annotations
 
-import os
-import subprocess
-import sys
-
 import numpy as np
 import pytest
+from cli_runner import run_fideval
 
 from fideval.errors import FidevalError
 from fideval.store import StoreReader
@@ -56,18 +53,14 @@ def _write_kld_base(path, n_ctx, n_vocab, n_chunk, seed=0):
     return tokens, logits, expected
 
 
-def _cli(*args):
-    return subprocess.run([sys.executable, "-m", "fideval.cli", *args], check=False, capture_output=True, text=True,
-                          env=dict(os.environ), timeout=120)
-
 
 @pytest.mark.parametrize("n_ctx,n_vocab", [(10, 33), (9, 40)])
 def test_import_matches_independent_decode(tmp_path, n_ctx, n_vocab):
     n_chunk = 3
     src = tmp_path / "base.kld"
     tokens, logits, expected = _write_kld_base(src, n_ctx, n_vocab, n_chunk)
-    out = _cli("import-llamacpp", str(src), "--out", str(tmp_path / "st"), "--model-id", "org/base")
-    assert out.returncode == 0, out.stderr
+    out = run_fideval("import-llamacpp", str(src), "--out", str(tmp_path / "st"), "--model-id", "org/base")
+    assert out.code == 0, out.stderr
     warn = [ln for ln in out.stderr.splitlines() if "warning" in ln]
     assert len(warn) == 1 and "lossy" in warn[0] and "16 nats" in warn[0]
     assert verify_store(tmp_path / "st")[0] == []
@@ -121,7 +114,7 @@ def test_bad_files_refused_in_one_line(tmp_path):
     with pytest.raises(FidevalError, match="impossible"):
         KldBase(tmp_path / "neg.kld")
     (tmp_path / "magic.kld").write_bytes(b"_logitz_" + raw[8:])
-    out = _cli("import-llamacpp", str(tmp_path / "magic.kld"), "--out", str(tmp_path / "st"))
-    assert out.returncode == 2
+    out = run_fideval("import-llamacpp", str(tmp_path / "magic.kld"), "--out", str(tmp_path / "st"))
+    assert out.code == 2
     err = [ln for ln in out.stderr.splitlines() if ln.startswith("fideval: error:")]
     assert len(err) == 1 and "_logits_" in err[0]

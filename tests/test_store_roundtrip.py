@@ -4,14 +4,13 @@ from __future__ import annotations
 
 import json
 import os
-import subprocess
-import sys
 import tracemalloc
 from pathlib import Path
 
 import numpy as np
 import pytest
 import torch
+from cli_runner import run_fideval
 from safetensors import safe_open
 
 from fideval.errors import FidevalError
@@ -44,10 +43,6 @@ def _write(root: Path, data, finish=True) -> StoreWriter:
         w.finish()
     return w
 
-
-def _cli(*args, env=None):
-    return subprocess.run([sys.executable, "-m", "fideval.cli", *args], check=False, capture_output=True, text=True,
-                          env={**os.environ, **(env or {})}, timeout=120)
 
 
 def _flip(path: Path, offset: int) -> None:
@@ -95,8 +90,8 @@ def test_roundtrip_bit_identical(tmp_path):
 
     idx = pq.read_table(tmp_path / "s" / "index.parquet").to_pydict()
     assert idx["seq_id"] == sorted(data) and idx["sha256"] == [m["shards"][s]["sha256"] for s in sorted(data)]
-    out = _cli("verify", str(tmp_path / "s"))
-    assert out.returncode == 0 and "ok (4 shards, 48 rows" in out.stdout
+    out = run_fideval("verify", str(tmp_path / "s"))
+    assert out.code == 0 and "ok (4 shards, 48 rows" in out.stdout
 
 
 @pytest.mark.parametrize("damage", ["flip", "truncate"])
@@ -109,8 +104,8 @@ def test_corruption_caught_by_verify_and_read(tmp_path, damage):
         _flip(path, path.stat().st_size - 100)  # inside the logits
     else:
         os.truncate(path, path.stat().st_size - 7)
-    out = _cli("verify", str(tmp_path / "s"))
-    assert out.returncode == 1
+    out = run_fideval("verify", str(tmp_path / "s"))
+    assert out.code == 1
     lines = [ln for ln in out.stderr.splitlines() if sid in ln]
     assert lines and all("\n" not in ln for ln in lines)
     assert ("SHA-256 differs" if damage == "flip" else "truncated") in lines[0]
@@ -204,8 +199,8 @@ def test_verify_finds_stray_missing_and_index_problems(tmp_path):
     m["shards"][ids[1]]["file"] = "../../etc/passwd"
     (root / "manifest.json").write_text(json.dumps(m))
     assert any("leaves its root" in p for p in verify_store(root)[0])
-    out = _cli("verify", str(tmp_path / "nope"))
-    assert out.returncode == 2 and out.stderr.count("\n") == 1 and "is not a folder" in out.stderr
+    out = run_fideval("verify", str(tmp_path / "nope"))
+    assert out.code == 2 and out.stderr.count("\n") == 1 and "is not a folder" in out.stderr
 
 
 def test_writer_refuses_bad_input(tmp_path):
