@@ -7,23 +7,6 @@ from pathlib import Path
 import typer
 
 
-def gate_failures(report: dict, max_mean_kld: float | None, min_top1: float | None) -> list[str]:
-    """One line per failed integrity check or fidelity gate (options override the report's config gates)."""
-    lines = [f"check {c['name']} failed: {c['detail']}" for c in report["checks"] if c["status"] == "fail"]
-    gates = report.get("gates") or {}
-    kld_max = max_mean_kld if max_mean_kld is not None else gates.get("mean_kld_max")
-    top1_min = min_top1 if min_top1 is not None else gates.get("top1_min")
-    for r in report["results"]:
-        who = f"{r['candidate']}/{r['path']}/{r['length']}"
-        m = r["overall"]["mean_kld"]["estimate"]
-        if kld_max is not None and m > kld_max:
-            lines.append(f"gate mean_kld_max failed: {who} mean KLD {m:.6g} > {kld_max:g}")
-        t = r["overall"]["top1"]["estimate"]
-        if top1_min is not None and t < top1_min:
-            lines.append(f"gate top1_min failed: {who} top-1 agreement {t:.6g} < {top1_min:g}")
-    return lines
-
-
 def register(app: typer.Typer) -> None:
     @app.command()
     def report(
@@ -117,6 +100,7 @@ def register(app: typer.Typer) -> None:
         """Exit non-zero when an integrity check failed or a fidelity gate is exceeded (one line per failure).
 
         Gates: the options, else --config's report.gates, else the gates recorded in the report."""
+        from fideval.report.checks import gate_failures
         from fideval.report.schema import load_report
 
         rep = load_report(report)

@@ -46,10 +46,10 @@ def emulated(cfg: Any, name: str, path: str, teacher: Any, device: str) -> Candi
     """Run candidate ``name`` of ``cfg`` on ``path`` (serving or weights-only) over the teacher's sequences."""
     import torch
 
-    from fideval.formats.safetensors import folder_shapes
     from fideval.model.runner import iter_logits
     from fideval.model_source import locate
-    from fideval.quant.spec import check_spec_classes, compile_spec, module_class_of
+    from fideval.quant.inspect import class_shapes
+    from fideval.quant.spec import check_spec_classes, compile_spec
 
     by_name = {c.name: c for c in cfg.candidates}
     if name not in by_name:
@@ -62,10 +62,7 @@ def emulated(cfg: Any, name: str, path: str, teacher: Any, device: str) -> Candi
     files = locate(cfg.model.path, cfg.model.revision)
     quant = cand.quant.model_dump(exclude_none=True)
     spec = compile_spec(quant)
-    shapes = folder_shapes(files.folder)
-    by_class: dict[str | None, dict[str, tuple]] = {}
-    for tensor, (shape, _dtype) in shapes.items():
-        by_class.setdefault(module_class_of(tensor), {})[tensor] = tuple(shape)
+    by_class = class_shapes(files.folder)
     check_spec_classes(quant, {c for c in by_class if c is not None})
     dtype = {"float32": torch.float32, "bfloat16": torch.bfloat16}[cfg.teacher.dtype]
     seqs = teacher_sequences(teacher)
