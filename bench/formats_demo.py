@@ -53,10 +53,10 @@ def run_one(model: Path, teachers: dict, spec_dict: dict | None, path: str, out_
     """Score one candidate on every domain; returns its pooled figures and bits."""
     import pyarrow.parquet as pq
 
-    from fideval.score.candidate import teacher_sequences
     from fideval.model.runner import iter_logits
     from fideval.quant.spec import compile_spec
-    from fideval.score.run import score_candidate
+    from fideval.score.candidate import Candidate, CandidateShard, teacher_sequences
+    from fideval.score.run import ScoreSettings, score_candidate
 
     spec = compile_spec({RE: spec_dict} if spec_dict else None)
     bits = spec.bits(by_class)
@@ -72,8 +72,8 @@ def run_one(model: Path, teachers: dict, spec_dict: dict | None, path: str, out_
         logits = iter_logits(model, seqs, device="cpu", dtype=torch.float32, weight_transform=spec.weight_transform,
                              act_transform=spec.act_transform if path == "serving" else None, micro_batch=1)
         d = out_dir / dom
-        score_candidate(teacher, logits, candidate="c", path=path, out_dir=d, device="cpu", kernel="torch",
-                        total_rows=len(seqs.ids) * (seqs.tokens.shape[1] - 1))
+        cand = Candidate(name="c", path=path, shards=(CandidateShard(sid, x) for sid, x in logits))
+        score_candidate(teacher, cand, d, ScoreSettings(device="cpu", kernel="torch"), total_rows=len(seqs.ids) * (seqs.tokens.shape[1] - 1))
         t = pq.read_table(d / "records.parquet", columns=["kld", "top1"])
         kld.append(t.column("kld").to_numpy())
         top1.append(t.column("top1").to_numpy())

@@ -35,7 +35,8 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from fideval.score.run import score_candidate, store_candidates
+from fideval.score.candidate import from_store
+from fideval.score.run import ScoreSettings, score_candidate
 from fideval.store import StoreReader, StoreWriter
 
 
@@ -203,10 +204,8 @@ def main() -> None:
             out = root / "score-out"
             with PeakRSS() as m:
                 t = time.perf_counter()
-                summary = score_candidate(teacher, store_candidates(cand, teacher.seq_ids,
-                                                                    device=args.device if cuda else None),
-                                          candidate="bench", path="store", out_dir=out, device=args.device,
-                                          teacher_order=teacher.seq_ids)  # as `fideval score --candidate STORE`
+                summary = score_candidate(teacher, from_store(cand, teacher, "bench", device=args.device if cuda else None),
+                                          out, ScoreSettings(device=args.device))  # as `fideval score --candidate STORE`
                 dt = time.perf_counter() - t
             results.append((f"fideval score loop, teacher + candidate stores ({summary['kernel']} kernel, "
                             f"{summary['rows'] / dt:,.0f} rows/s, CPU check {summary['cpu_check']['rows_checked']} rows)",

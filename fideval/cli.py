@@ -1,16 +1,18 @@
 """The ``fideval`` command line: one verb per pipeline stage, each a thin call into a library function.
 
-Heavy imports (torch, polars, datasets...) live inside the commands so that ``fideval --help`` is instant.
+The verbs are plain functions in ``fideval/commands/`` (their shared options in ``commands/options.py``);
+:data:`VERBS` registers them, in the order of the pipeline, which is the order ``--help`` lists them in.
+Heavy imports (torch, polars, datasets...) live inside the verbs so that ``fideval --help`` is instant.
 A :class:`~fideval.errors.FidevalError` becomes one line on stderr and exit status 2.
 """
 
 from __future__ import annotations
 
-import importlib
 import sys
 
 import typer
 
+from fideval.commands import config_cmd, quant, report, score, store, teacher, windows
 from fideval.errors import FidevalError
 
 app = typer.Typer(
@@ -21,21 +23,35 @@ app = typer.Typer(
     add_completion=False,
 )
 
-# Each module defines ``register(app)``; the order is the order of the pipeline.
-COMMAND_MODULES = [
-    "fideval.commands.config_cmd",
-    "fideval.commands.windows",
-    "fideval.commands.teacher",
-    "fideval.commands.store",
-    "fideval.commands.quant",
-    "fideval.commands.score",
-    "fideval.commands.report",
+# (group, verb, function): a group is a sub-command (``fideval quant inspect``) with the help in GROUPS.
+VERBS = [
+    (None, "validate", config_cmd.validate),
+    (None, "schema", config_cmd.schema),
+    (None, "windows", windows.windows),
+    (None, "screen", windows.screen),
+    (None, "teacher", teacher.teacher),
+    (None, "verify", store.verify),
+    (None, "import-llamacpp", store.import_llamacpp_cmd),
+    ("quant", "inspect", quant.inspect),
+    ("quant", "formats", quant.formats),
+    (None, "score", score.score),
+    (None, "report", report.report),
+    (None, "card", report.card),
+    (None, "check", report.check),
 ]
+GROUPS = {"quant": quant.HELP}
 
 
 def _register() -> None:
-    for name in COMMAND_MODULES:
-        importlib.import_module(name).register(app)
+    groups: dict[str, typer.Typer] = {}
+    for group, verb, fn in VERBS:
+        if group is None:
+            app.command(verb)(fn)
+            continue
+        if group not in groups:
+            groups[group] = typer.Typer(help=GROUPS[group], no_args_is_help=True)
+            app.add_typer(groups[group], name=group)
+        groups[group].command(verb)(fn)
 
 
 _register()

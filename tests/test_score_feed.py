@@ -13,6 +13,7 @@ import pytest
 import torch
 
 from fideval.score import run as score_run
+from fideval.score.candidate import Candidate, store_shards
 from fideval.store import StoreReader, StoreWriter
 
 VOCAB = 257
@@ -54,9 +55,8 @@ def test_feed_in_order_then_out_of_order(stores):
 
 
 def _score(teacher, cand, out, device, order=None, ids=None):
-    items = score_run.store_candidates(cand, ids or teacher.seq_ids, device=device)
-    return score_run.score_candidate(teacher, items, candidate="c", path="store", out_dir=out, device=device,
-                                     cpu_check_every=2, teacher_order=order)
+    items = Candidate(name="c", path="store", shards=store_shards(cand, ids or teacher.seq_ids, device=device), order=order)
+    return score_run.score_candidate(teacher, items, out, score_run.ScoreSettings(device=device, cpu_check_every=2))
 
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")

@@ -14,6 +14,7 @@ from scipy.special import log_softmax, rel_entr
 from fideval.errors import FidevalError
 from fideval.fsio import sha256_file
 from fideval.score import run as score_run
+from fideval.score.candidate import Candidate, CandidateShard
 from fideval.score.metrics import COLUMNS
 from fideval.store import StoreReader, StoreWriter
 
@@ -113,31 +114,35 @@ def test_token_mismatch_names_the_shard(stores):
 
 
 def _runner_like(stores, nan_at=None):
-    """What fideval.model.runner.iter_logits yields: (seq_id, float32 [L, V]) with all L rows."""
-    for sid in LENGTHS:
-        x = torch.from_numpy(stores["cand"][sid].copy())
-        if nan_at and nan_at[0] == sid:
-            x[nan_at[1], 7] = float("nan")
-        yield sid, x
+    """A model run's candidate, as fideval.model.runner.iter_logits feeds it: float32 [L, V] with all L rows."""
+    def shards():
+        for sid in LENGTHS:
+            x = torch.from_numpy(stores["cand"][sid].copy())
+            if nan_at and nan_at[0] == sid:
+                x[nan_at[1], 7] = float("nan")
+            yield CandidateShard(sid, x)
+    return Candidate(name="q4", path="serving", shards=shards())
+
+
+def _on_cpu(**kw):
+    return score_run.ScoreSettings(device="cpu", **kw)
 
 
 def test_iterator_candidates_and_nonfinite_rows(stores):
     teacher = StoreReader(stores["teacher"])
     out = stores["tmp"] / "it"
-    s = score_run.score_candidate(teacher, _runner_like(stores), candidate="q4", path="serving", out_dir=out, device="cpu",
-                                  cpu_check_every=1)
+    s = score_run.score_candidate(teacher, _runner_like(stores), out, _on_cpu(cpu_check_every=1))
     assert s["rows"] == 17 and s["cpu_check"]["rows_checked"] == 17 and s["path"] == "serving"
     with pytest.raises(FidevalError, match=r"shard code-000\.c1: row 5 .*NaN"):
-        score_run.score_candidate(teacher, _runner_like(stores, ("code-000.c1", 5)), candidate="q4", path="serving",
-                                  out_dir=stores["tmp"] / "bad", device="cpu")
+        score_run.score_candidate(teacher, _runner_like(stores, ("code-000.c1", 5)), stores["tmp"] / "bad", _on_cpu())
     assert not (stores["tmp"] / "bad" / "records.parquet").exists()
-    s = score_run.score_candidate(teacher, _runner_like(stores, ("code-000.c1", 5)), candidate="q4", path="serving",
-                                  out_dir=stores["tmp"] / "skip", device="cpu", on_nonfinite="skip")
+    s = score_run.score_candidate(teacher, _runner_like(stores, ("code-000.c1", 5)), stores["tmp"] / "skip",
+                                  _on_cpu(on_nonfinite="skip"))
     df = pq.read_table(stores["tmp"] / "skip" / "records.parquet").to_pandas()
     assert s["nonfinite_rows"] == 1 and len(df) == 16 and 5 not in df[df.seq_id == "code-000.c1"].position.values
     with pytest.raises(FidevalError, match="does not match the teacher's vocab 300"):
-        score_run.score_candidate(teacher, iter([("code-000.c0", torch.zeros(9, 299))]), candidate="x", path="serving",
-                                  out_dir=stores["tmp"] / "v", device="cpu")
+        wrong = Candidate(name="x", path="serving", shards=[CandidateShard("code-000.c0", torch.zeros(9, 299))])
+        score_run.score_candidate(teacher, wrong, stores["tmp"] / "v", _on_cpu())
 
 
 def test_cpu_check_failure_fails_loudly_and_writes_nothing(stores, monkeypatch):
@@ -150,6 +155,5 @@ def test_cpu_check_failure_fails_loudly_and_writes_nothing(stores, monkeypatch):
 
     monkeypatch.setattr(score_run, "score_tensors", off_by_a_little)
     with pytest.raises(FidevalError, match="CPU check failed: kld differs from the float64 reference"):
-        score_run.score_candidate(StoreReader(stores["teacher"]), _runner_like(stores), candidate="q4", path="serving",
-                                  out_dir=stores["tmp"] / "f", device="cpu")
+        score_run.score_candidate(StoreReader(stores["teacher"]), _runner_like(stores), stores["tmp"] / "f", _on_cpu())
     assert not (stores["tmp"] / "f").exists() or not any((stores["tmp"] / "f").iterdir())

@@ -1,2 +1,2 @@
-"""CLI verbs, one module per stage. Each module defines ``register(app)`` and keeps heavy imports inside
-the command functions so that ``fideval --help`` stays instant."""
+"""CLI verbs, one module per stage: plain functions that ``fideval/cli.py`` registers from its table.
+Heavy imports stay inside the verbs so that ``fideval --help`` stays instant."""

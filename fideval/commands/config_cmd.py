@@ -1,45 +1,43 @@
 """``fideval validate`` and ``fideval schema``: check a config before a long run; emit its JSON schema."""
 
-from __future__ import annotations
-
 from pathlib import Path
+from typing import Annotated
 
 import typer
 
+from fideval.commands import options
 from fideval.errors import FidevalError
 
 
-def register(app: typer.Typer) -> None:
-    @app.command()
-    def validate(config: Path = typer.Argument(..., help="YAML config to check")) -> None:
-        """Check a config: unknown keys, bad values, impossible lengths, missing files."""
-        from fideval.config import check_files, load_config
+def validate(config: Annotated[Path, typer.Argument(help="YAML config to check")]) -> None:
+    """Check a config: unknown keys, bad values, impossible lengths, missing files."""
+    from fideval.config import check_files, load_config
 
-        cfg = load_config(config)
-        problems = check_files(cfg)
-        if len(problems) == 1:
-            raise FidevalError(f"{config}: {problems[0]}", hint="fix the path or create the file")
-        if problems:
-            for line in problems:
-                typer.echo(f"{config}: {line}", err=True)
-            raise FidevalError(f"{config}: {len(problems)} problems (listed above)", hint="fix the paths or create the files")
-        typer.echo(f"{config}: ok (run '{cfg.run}', {len(cfg.domains)} domains, {len(cfg.candidates)} candidates)")
+    cfg = load_config(config)
+    problems = check_files(cfg)
+    if len(problems) == 1:
+        raise FidevalError(f"{config}: {problems[0]}", hint="fix the path or create the file")
+    if problems:
+        for line in problems:
+            typer.echo(f"{config}: {line}", err=True)
+        raise FidevalError(f"{config}: {len(problems)} problems (listed above)", hint="fix the paths or create the files")
+    typer.echo(f"{config}: ok (run '{cfg.run}', {len(cfg.domains)} domains, {len(cfg.candidates)} candidates)")
 
-    @app.command()
-    def schema(
-        out: Path = typer.Option(None, "--out", help="write here instead of stdout"),
-        format: str = typer.Option("json", "--format", help="json (for Snakemake) or markdown (docs/config.md)"),
-    ) -> None:
-        """Print the config's JSON schema or its markdown reference (both generated from fideval/config.py)."""
-        import json
 
-        from fideval.config import json_schema, markdown_reference
-        from fideval.fsio import write_text
+def schema(
+    out: Annotated[Path | None, options.out("write here instead of stdout")] = None,
+    format: Annotated[str, typer.Option("--format", help="json (for Snakemake) or markdown (docs/config.md)")] = "json",
+) -> None:
+    """Print the config's JSON schema or its markdown reference (both generated from fideval/config.py)."""
+    import json
 
-        if format not in ("json", "markdown"):
-            raise FidevalError(f"unknown --format {format!r}", hint="use json or markdown")
-        text = json.dumps(json_schema(), indent=2, sort_keys=True) + "\n" if format == "json" else markdown_reference()
-        if out is None:
-            typer.echo(text, nl=False)
-        else:
-            write_text(out, text)
+    from fideval.config import json_schema, markdown_reference
+    from fideval.fsio import write_text
+
+    if format not in ("json", "markdown"):
+        raise FidevalError(f"unknown --format {format!r}", hint="use json or markdown")
+    text = json.dumps(json_schema(), indent=2, sort_keys=True) + "\n" if format == "json" else markdown_reference()
+    if out is None:
+        typer.echo(text, nl=False)
+    else:
+        write_text(out, text)

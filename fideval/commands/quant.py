@@ -1,95 +1,63 @@
 """``fideval quant inspect`` and ``fideval quant formats``: what a quant spec does to a checkpoint, before a run.
 
-``inspect`` reads only the safetensors headers (shapes and dtypes, no tensor data), maps every tensor to
-its module class with :func:`fideval.quant.spec.module_class_of`, checks that the spec's classes exist in
-the model and that every block divides its tensor, and prints per-class formats and bits per weight.
+``inspect`` reads only the safetensors headers (:mod:`fideval.quant.inspect`) and prints per-class formats
+and bits per weight; for a .gguf file, what the file holds.
 """
 
-from __future__ import annotations
-
 from pathlib import Path
+from typing import Annotated
 
 import typer
 
+from fideval.commands import options
 from fideval.errors import FidevalError
 
-
-def inspect_model(model_dir: Path, spec_text: str) -> dict:
-    """The per-class bits table of ``spec_text`` applied to the checkpoint in ``model_dir``."""
-    from fideval.formats.safetensors import DTYPE_BITS, FLOAT_DTYPES, folder_shapes
-    from fideval.quant.base import get_format
-    from fideval.quant.spec import check_spec_classes, compile_spec, is_quantized_tensor, module_class_of
-
-    compiled = compile_spec(spec_text)
-    tensors = folder_shapes(model_dir)
-    shapes: dict[str, dict[str, tuple[int, ...]]] = {}
-    present, dtype_count, quantized = set(), {}, []
-    for name, (shape, dtype) in sorted(tensors.items()):
-        cls = module_class_of(name) or "other"
-        shapes.setdefault(cls, {})[name] = shape
-        if cls != "other" and is_quantized_tensor(name, shape, dtype in FLOAT_DTYPES):
-            present.add(cls)
-            quantized.append((name, cls, shape))
-        dtype_count[dtype] = dtype_count.get(dtype, 0) + 1
-    check_spec_classes(spec_text, present)  # first: a class the model lacks is the bigger mistake
-    for name, cls, shape in quantized:  # then every block must divide its tensor (fail now, not mid-run)
-        m = compiled.modules.get(cls)
-        if m is not None:
-            try:
-                get_format(m.format).check_divides(shape, m.group)
-            except FidevalError as e:
-                raise FidevalError(f"{name}: {e.message}", hint=e.hint) from None
-    base = max(dtype_count, key=dtype_count.get)
-    table = compiled.bits(shapes, base_bits=DTYPE_BITS.get(base, 16))
-    table["base_dtype"] = base
-    table["classes_present"] = sorted(present)
-    return table
+HELP = "Emulated quantization formats: inspect a quant spec on a checkpoint."
 
 
-def register(app: typer.Typer) -> None:
-    quant_app = typer.Typer(help="Emulated quantization formats: inspect a quant spec on a checkpoint.",
-                            no_args_is_help=True)
+def inspect(
+    model: Annotated[Path, typer.Option("--model", help="checkpoint folder (*.safetensors; only headers are read) or a .gguf file")],
+    quant: Annotated[str | None, typer.Option(
+        "--quant", help="e.g. 'routed_experts=mxfp4:rceil,attention=fp8_block' (not for .gguf)")] = None,
+    as_json: options.AsJson = False,
+) -> None:
+    """Print each module class's format and bits per weight, and the whole model's.
 
-    @quant_app.command("inspect")
-    def inspect(
-        model: Path = typer.Option(..., "--model", help="checkpoint folder (*.safetensors; only headers are read) or a .gguf file"),
-        quant: str = typer.Option(None, "--quant", help="e.g. 'routed_experts=mxfp4:rceil,attention=fp8_block' (not for .gguf)"),
-        as_json: bool = typer.Option(False, "--json", help="print the table as JSON"),
-    ) -> None:
-        """Print each module class's format and bits per weight, and the whole model's.
+    For a folder, what --quant would make of it; for a .gguf file, what the file holds."""
+    if model.suffix == ".gguf":
+        if quant:
+            raise FidevalError(f"--quant does not apply to {model}: a GGUF file is already quantized",
+                               hint="drop --quant to see its formats")
+        from fideval.quant.gguf_file import gguf_bits
 
-        For a folder, what --quant would make of it; for a .gguf file, what the file holds."""
-        if model.suffix == ".gguf":
-            if quant:
-                raise FidevalError(f"--quant does not apply to {model}: a GGUF file is already quantized",
-                                   hint="drop --quant to see its formats")
-            from fideval.quant.gguf_file import gguf_bits
+        t = {**gguf_bits(model), "base_dtype": "GGUF"}
+    elif not quant:
+        raise FidevalError("--quant is required for a checkpoint folder", hint="e.g. --quant routed_experts=mxfp4")
+    else:
+        from fideval.quant.inspect import inspect_model
 
-            t = gguf_bits(model)
-            t["base_dtype"] = "GGUF"
-        elif not quant:
-            raise FidevalError("--quant is required for a checkpoint folder", hint="e.g. --quant routed_experts=mxfp4")
-        else:
-            t = inspect_model(model, quant)
-        if as_json:
-            import json
+        t = inspect_model(model, quant)
+    if as_json:
+        import json
 
-            typer.echo(json.dumps(t, indent=2, sort_keys=True))
-            return
-        typer.echo(f"{model}: {t['total']['params']:,} parameters, unquantized tensors at {t['base_dtype']}")
-        typer.echo(f"{'module class':<16} {'format':<12} {'recipe':<18} {'group':>5} {'tensors':>7} {'params':>14} {'bpw':>8}")
-        for cls, r in sorted(t["per_class"].items()):
-            typer.echo(f"{cls:<16} {r['format'] or '-':<12} {r['recipe'] or '-':<18} {r['group'] or '-':>5} "
-                       f"{r['tensors']:>7} {r['params']:>14,} {r['bpw']:>8.4f}")
-        typer.echo(f"{'total':<16} {'':<12} {'':<18} {'':>5} {'':>7} {t['total']['params']:>14,} {t['total']['bpw']:>8.4f}")
+        typer.echo(json.dumps(t, indent=2, sort_keys=True))
+    else:
+        _print_table(model, t)
 
-    @quant_app.command("formats")
-    def formats() -> None:
-        """List the formats, their recipes (default first) and nominal bits per weight."""
-        from fideval.quant import list_formats
 
-        for f in list_formats():
-            recipes = [f.default_recipe] + [r for r in f.recipes if r != f.default_recipe]
-            typer.echo(f"{f.name:<12} bpw {f.bits_per_weight():>7.4f}  recipes {','.join(recipes):<28} {f.description}")
+def _print_table(model: Path, t: dict) -> None:
+    typer.echo(f"{model}: {t['total']['params']:,} parameters, unquantized tensors at {t['base_dtype']}")
+    typer.echo(f"{'module class':<16} {'format':<12} {'recipe':<18} {'group':>5} {'tensors':>7} {'params':>14} {'bpw':>8}")
+    for cls, r in sorted(t["per_class"].items()):
+        typer.echo(f"{cls:<16} {r['format'] or '-':<12} {r['recipe'] or '-':<18} {r['group'] or '-':>5} "
+                   f"{r['tensors']:>7} {r['params']:>14,} {r['bpw']:>8.4f}")
+    typer.echo(f"{'total':<16} {'':<12} {'':<18} {'':>5} {'':>7} {t['total']['params']:>14,} {t['total']['bpw']:>8.4f}")
 
-    app.add_typer(quant_app, name="quant")
+
+def formats() -> None:
+    """List the formats, their recipes (default first) and nominal bits per weight."""
+    from fideval.quant import list_formats
+
+    for f in list_formats():
+        recipes = [f.default_recipe] + [r for r in f.recipes if r != f.default_recipe]
+        typer.echo(f"{f.name:<12} bpw {f.bits_per_weight():>7.4f}  recipes {','.join(recipes):<28} {f.description}")

@@ -1,142 +1,98 @@
 """``fideval report``, ``fideval card`` and ``fideval check``: records -> report.json -> README.md, and gates."""
 
-from __future__ import annotations
-
 from pathlib import Path
+from typing import Annotated
 
 import typer
 
-
-def gate_failures(report: dict, max_mean_kld: float | None, min_top1: float | None) -> list[str]:
-    """One line per failed integrity check or fidelity gate (options override the report's config gates)."""
-    lines = [f"check {c['name']} failed: {c['detail']}" for c in report["checks"] if c["status"] == "fail"]
-    gates = report.get("gates") or {}
-    kld_max = max_mean_kld if max_mean_kld is not None else gates.get("mean_kld_max")
-    top1_min = min_top1 if min_top1 is not None else gates.get("top1_min")
-    for r in report["results"]:
-        who = f"{r['candidate']}/{r['path']}/{r['length']}"
-        m = r["overall"]["mean_kld"]["estimate"]
-        if kld_max is not None and m > kld_max:
-            lines.append(f"gate mean_kld_max failed: {who} mean KLD {m:.6g} > {kld_max:g}")
-        t = r["overall"]["top1"]["estimate"]
-        if top1_min is not None and t < top1_min:
-            lines.append(f"gate top1_min failed: {who} top-1 agreement {t:.6g} < {top1_min:g}")
-    return lines
+from fideval.commands import options
 
 
-def register(app: typer.Typer) -> None:
-    @app.command()
-    def report(
-        records: list[Path] = typer.Option(
-            ..., "--records", help="records folder (records.parquet + score.json); repeat for each"
-        ),
-        out: Path = typer.Option(..., "--out", help="report folder: report.json, summary-*.json, *.png"),
-        windows: Path = typer.Option(
-            None, "--windows", help="folder with eval-windows.json (token SHA-256 per window)"
-        ),
-        config: Path = typer.Option(None, "--config", help="config YAML: report settings, gates, model ids"),
-        self_check: list[Path] = typer.Option(
-            [], "--self-check", help="records of the teacher scored against itself (repeatable)"
-        ),
-        teacher_manifest: list[Path] = typer.Option(
-            [], "--teacher-manifest", help="a logit store's manifest.json (canary); repeatable"
-        ),
-        resamples: int = typer.Option(
-            None, "--resamples", min=100, help="bootstrap resamples (default: config or 10,000)"
-        ),
-        seed: int = typer.Option(None, "--seed", help="resampling seed (default: config or 0)"),
-        plots: bool = typer.Option(True, "--plots/--no-plots", help="write the PNG plots"),
-    ) -> None:
-        """Statistics of per-token records: cluster BCa, Wilson, quantiles, breakdowns, checks -> report.json."""
-        from fideval.config import ReportConfig, load_config
-        from fideval.report.build import build, write
-        from fideval.report.inputs import load_teacher_manifest, load_windows
+def report(
+    records: Annotated[list[Path], typer.Option(
+        "--records", help="records folder (records.parquet + score.json), or its records.parquet; repeat for each")],
+    out: Annotated[Path, options.out("report folder: report.json, summary-*.json, *.png")],
+    windows: Annotated[Path | None, typer.Option("--windows", help="eval-windows.json (token SHA-256 per window), or its folder")] = None,
+    config: Annotated[Path | None, options.config("config YAML: report settings, gates, model ids")] = None,
+    self_check: Annotated[list[Path], typer.Option("--self-check", help="records of the teacher scored against itself (repeatable)")] = [],
+    teacher_manifest: Annotated[list[Path], typer.Option(
+        "--teacher-manifest", help="a logit store's manifest.json (canary); repeatable")] = [],
+    resamples: Annotated[int | None, typer.Option("--resamples", min=100, help="bootstrap resamples (default: config or 10,000)")] = None,
+    seed: Annotated[int | None, typer.Option("--seed", help="resampling seed (default: config or 0)")] = None,
+    plots: Annotated[bool, typer.Option("--plots/--no-plots", help="write the PNG plots")] = True,
+) -> None:
+    """Statistics of per-token records: cluster BCa, Wilson, quantiles, breakdowns, checks -> report.json."""
+    from fideval.config import ReportConfig, load_config
+    from fideval.report.build import build, write
+    from fideval.report.inputs import load_teacher_manifest, load_windows
 
-        cfg = load_config(config) if config is not None else None
-        rc = cfg.report if cfg is not None else ReportConfig()
-        upd = {k: v for k, v in (("resamples", resamples), ("seed", seed)) if v is not None}
-        if upd:
-            rc = rc.model_copy(update=upd)
-        win = load_windows(windows) if windows is not None else None
-        mans = [load_teacher_manifest(m) for m in teacher_manifest]
-        built = build(
-            [str(r) for r in records],
-            self_check_dirs=[str(d) for d in self_check],
-            windows=win,
-            cfg=cfg,
-            manifests=mans,
-            settings=rc,
-        )
-        path = write(built, out, plots=plots)
-        failed = [c["name"] for c in built.report["checks"] if c["status"] == "fail"]
-        typer.echo(
-            f"{path}: {len(built.report['results'])} result sets, {built.report['settings']['clusters']} windows, "
-            f"B={rc.resamples}" + (f"; FAILED checks: {', '.join(failed)}" if failed else "")
-        )
+    cfg = load_config(config) if config is not None else None
+    rc = cfg.report if cfg is not None else ReportConfig()
+    upd = {k: v for k, v in (("resamples", resamples), ("seed", seed)) if v is not None}
+    rc = rc.model_copy(update=upd) if upd else rc
+    win = load_windows(_folder(windows, "eval-windows.json")) if windows is not None else None
+    built = build([str(_folder(r, "records.parquet")) for r in records],
+                  self_check_dirs=[str(_folder(d, "records.parquet")) for d in self_check], windows=win, cfg=cfg,
+                  manifests=[load_teacher_manifest(m) for m in teacher_manifest], settings=rc)
+    path = write(built, out, plots=plots)
+    failed = [c["name"] for c in built.report["checks"] if c["status"] == "fail"]
+    typer.echo(f"{path}: {len(built.report['results'])} result sets, {built.report['settings']['clusters']} windows, "
+               f"B={rc.resamples}" + (f"; FAILED checks: {', '.join(failed)}" if failed else ""))
 
-    @app.command()
-    def card(
-        report: Path = typer.Argument(..., help="report.json (or its folder)"),
-        out: Path = typer.Option(..., "--out", help="the model card to write, e.g. README.md"),
-        candidate: str = typer.Option(
-            None, "--candidate", help="which build the card is for (needed if the report has several)"
-        ),
-        template: Path = typer.Option(
-            None, "--template", help="jinja2 markdown template replacing the card body"
-        ),
-    ) -> None:
-        """Write the model card: model-index YAML + x_fidelity provenance + fidelity tables and plots."""
-        from fideval.fsio import write_text
-        from fideval.report.card import render
-        from fideval.report.schema import load_report
 
-        path = report / "report.json" if report.is_dir() else report
-        rep = load_report(path)
-        if template is None:
-            from fideval.config import resolve_path
+def _folder(p: Path, file: str) -> Path:
+    """A folder given as itself or as the named file in it (what a workflow rule declares as its input)."""
+    return p.parent if p.name == file and not p.is_dir() else p
 
-            t = rep["settings"].get("card_template")
-            template = resolve_path(t) if t else None
-        write_text(out, render(rep, report_path=path, out_path=out, candidate=candidate, template=template))
-        typer.echo(f"{out}: model card written")
 
-    @app.command()
-    def check(
-        report: Path = typer.Argument(..., help="report.json (or its folder)"),
-        max_mean_kld: float = typer.Option(
-            None, "--max-mean-kld", min=0, help="fail when a mean KLD exceeds this"
-        ),
-        min_top1: float = typer.Option(
-            None, "--min-top1", min=0, max=1, help="fail when a top-1 agreement is below this"
-        ),
-        config: Path = typer.Option(None, "--config", help="take the gates from this config's report.gates"),
-        out: Path = typer.Option(
-            None, "--out", help="also write the verdict (one line per failure, or 'ok') here"
-        ),
-    ) -> None:
-        """Exit non-zero when an integrity check failed or a fidelity gate is exceeded (one line per failure).
+def card(
+    report: options.ReportFile,
+    out: Annotated[Path, options.out("the model card to write, e.g. README.md")],
+    candidate: Annotated[str | None, typer.Option(
+        "--candidate", help="which build the card is for (needed if the report has several)")] = None,
+    template: Annotated[Path | None, typer.Option("--template", help="jinja2 markdown template replacing the card body")] = None,
+) -> None:
+    """Write the model card: model-index YAML + x_fidelity provenance + fidelity tables and plots."""
+    from fideval.config import resolve_path
+    from fideval.fsio import write_text
+    from fideval.report.card import render
+    from fideval.report.schema import load_report
 
-        Gates: the options, else --config's report.gates, else the gates recorded in the report."""
-        from fideval.report.schema import load_report
+    path = report / "report.json" if report.is_dir() else report
+    rep = load_report(path)
+    if template is None and rep["settings"].get("card_template"):
+        template = resolve_path(rep["settings"]["card_template"])
+    write_text(out, render(rep, report_path=path, out_path=out, candidate=candidate, template=template))
+    typer.echo(f"{out}: model card written")
 
-        rep = load_report(report)
-        if config is not None:
-            from fideval.config import load_config
 
-            gates = load_config(config).report.gates
-            max_mean_kld = max_mean_kld if max_mean_kld is not None else gates.mean_kld_max
-            min_top1 = min_top1 if min_top1 is not None else gates.top1_min
-        lines = [f"FAIL {line}" for line in gate_failures(rep, max_mean_kld, min_top1)]
-        n = sum(c["status"] == "pass" for c in rep["checks"])
-        verdict = lines or [
-            f"{report}: ok ({n} checks passed, {len(rep['results'])} result sets within the gates)"
-        ]
-        if out is not None:
-            from fideval.fsio import write_text
+def check(
+    report: options.ReportFile,
+    max_mean_kld: Annotated[float | None, typer.Option("--max-mean-kld", min=0, help="fail when a mean KLD exceeds this")] = None,
+    min_top1: Annotated[float | None, typer.Option("--min-top1", min=0, max=1, help="fail when a top-1 agreement is below this")] = None,
+    config: Annotated[Path | None, options.config("take the gates from this config's report.gates")] = None,
+    out: Annotated[Path | None, options.out("also write the verdict (one line per failure, or 'ok') here")] = None,
+) -> None:
+    """Exit non-zero when an integrity check failed or a fidelity gate is exceeded (one line per failure).
 
-            write_text(out, "\n".join(verdict) + "\n")
-        for line in lines:
-            typer.echo(line, err=True)
-        if lines:
-            raise typer.Exit(1)
-        typer.echo(verdict[0])
+    Gates: the options, else --config's report.gates, else the gates recorded in the report."""
+    from fideval.config import load_config
+    from fideval.fsio import write_text
+    from fideval.report.checks import gate_failures
+    from fideval.report.schema import load_report
+
+    rep = load_report(report)
+    gates = load_config(config).report.gates if config is not None else None
+    if gates is not None:
+        max_mean_kld = max_mean_kld if max_mean_kld is not None else gates.mean_kld_max
+        min_top1 = min_top1 if min_top1 is not None else gates.top1_min
+    lines = [f"FAIL {line}" for line in gate_failures(rep, max_mean_kld, min_top1)]
+    n = sum(c["status"] == "pass" for c in rep["checks"])
+    verdict = lines or [f"{report}: ok ({n} checks passed, {len(rep['results'])} result sets within the gates)"]
+    if out is not None:
+        write_text(out, "\n".join(verdict) + "\n")
+    for line in lines:
+        typer.echo(line, err=True)
+    if lines:
+        raise typer.Exit(1)
+    typer.echo(verdict[0])

@@ -1,52 +1,52 @@
 """``fideval verify`` and ``fideval import-llamacpp``: check a logit store; turn a llama.cpp KLD base into one."""
 
-from __future__ import annotations
-
 from pathlib import Path
+from typing import Annotated
 
 import typer
 
+from fideval.commands import options
 
-def register(app: typer.Typer) -> None:
-    @app.command()
-    def verify(store: str = typer.Argument(..., help="store folder or hf://datasets/ORG/NAME@REV/sub")) -> None:
-        """Check every shard of a logit store (hash, size, header, rows, manifest, index); one line per problem."""
-        from fideval.store.hub import resolve_store
-        from fideval.store.verify import verify_store
 
-        root = resolve_store(store)
-        problems, totals = verify_store(root)
-        for line in problems:
-            typer.echo(f"{store}: {line}", err=True)
-        if problems:
-            typer.echo(f"{store}: {len(problems)} problem(s) (re-run the teacher for the shards named above, "
-                       "or re-download the store)", err=True)
-            raise typer.Exit(1)
-        typer.echo(f"{store}: ok ({totals['shards']} shards, {totals['rows']:,} rows, {totals['bytes'] / 1e9:.3f} GB)")
+def verify(store: Annotated[str, typer.Argument(help="store folder or hf://datasets/ORG/NAME@REV/sub")]) -> None:
+    """Check every shard of a logit store (hash, size, header, rows, manifest, index); one line per problem."""
+    from fideval.store.hub import resolve_store
+    from fideval.store.verify import verify_store
 
-    @app.command("import-llamacpp")
-    def import_llamacpp_cmd(
-        file: Path = typer.Argument(..., help="file written by llama-perplexity --kl-divergence-base"),
-        out: Path = typer.Option(..., "--out", help="store folder to write"),
-        model_id: str = typer.Option("unknown", "--model-id", help="the base model that produced the file"),
-        model_revision: str = typer.Option("unknown", "--model-revision"),
-        tokenizer_sha256: str = typer.Option("unknown", "--tokenizer-sha256"),
-        domain: str = typer.Option("llamacpp", "--domain", help="domain and sequence id prefix"),
-        bos_id: int = typer.Option(None, "--bos-id", help="write this id at position 0 of each chunk, as llama.cpp evaluated it"),
-    ) -> None:
-        """Import a llama.cpp --kl-divergence-base file as a lossy teacher store of kind 'logprobs'."""
-        from fideval.errors import FidevalError
-        from fideval.fsio import remove_temps
-        from fideval.lock import output_lock
-        from fideval.store.llamacpp import LOSSY, KldBase, import_llamacpp
+    root = resolve_store(store)
+    problems, totals = verify_store(root)
+    for line in problems:
+        typer.echo(f"{store}: {line}", err=True)
+    if problems:
+        typer.echo(f"{store}: {len(problems)} problem(s) (re-run the teacher for the shards named above, "
+                   "or re-download the store)", err=True)
+        raise typer.Exit(1)
+    typer.echo(f"{store}: ok ({totals['shards']} shards, {totals['rows']:,} rows, {totals['bytes'] / 1e9:.3f} GB)")
 
-        KldBase(file)  # a bad file is refused before anything is created at --out
-        if out.exists() and not out.is_dir():
-            raise FidevalError(f"--out {out} exists and is not a folder", hint="choose a folder")
-        typer.echo(f"fideval: warning: {file} is lossy: {LOSSY}", err=True)
-        with output_lock(out, "import-llamacpp"):  # one writer per store folder
-            remove_temps(out)
-            s = import_llamacpp(file, out, model_id=model_id, model_revision=model_revision,
-                                tokenizer_sha256=tokenizer_sha256, domain=domain, bos_id=bos_id)
-        typer.echo(f"{out}: {s['shards']} shards ({s['written']} written) from {s['chunks']} chunks of {s['n_ctx']} tokens, "
-                   f"{s['rows_per_chunk']} rows each, vocab {s['n_vocab']}")
+
+def import_llamacpp_cmd(
+    file: Annotated[Path, typer.Argument(help="file written by llama-perplexity --kl-divergence-base")],
+    out: Annotated[Path, options.out("store folder to write")],
+    model_id: Annotated[str, typer.Option("--model-id", help="the base model that produced the file")] = "unknown",
+    model_revision: Annotated[str, typer.Option("--model-revision")] = "unknown",
+    tokenizer_sha256: Annotated[str, typer.Option("--tokenizer-sha256")] = "unknown",
+    domain: Annotated[str, typer.Option("--domain", help="domain and sequence id prefix")] = "llamacpp",
+    bos_id: Annotated[int | None, typer.Option(
+        "--bos-id", help="write this id at position 0 of each chunk, as llama.cpp evaluated it")] = None,
+) -> None:
+    """Import a llama.cpp --kl-divergence-base file as a lossy teacher store of kind 'logprobs'."""
+    from fideval.errors import FidevalError
+    from fideval.fsio import remove_temps
+    from fideval.lock import output_lock
+    from fideval.store.llamacpp import LOSSY, KldBase, import_llamacpp
+
+    KldBase(file)  # a bad file is refused before anything is created at --out
+    if out.exists() and not out.is_dir():
+        raise FidevalError(f"--out {out} exists and is not a folder", hint="choose a folder")
+    typer.echo(f"fideval: warning: {file} is lossy: {LOSSY}", err=True)
+    with output_lock(out, "import-llamacpp"):  # one writer per store folder
+        remove_temps(out)
+        s = import_llamacpp(file, out, model_id=model_id, model_revision=model_revision,
+                            tokenizer_sha256=tokenizer_sha256, domain=domain, bos_id=bos_id)
+    typer.echo(f"{out}: {s['shards']} shards ({s['written']} written) from {s['chunks']} chunks of {s['n_ctx']} tokens, "
+               f"{s['rows_per_chunk']} rows each, vocab {s['n_vocab']}")

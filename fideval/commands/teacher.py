@@ -1,65 +1,88 @@
 """``fideval teacher``: FP32 reference logits for every window/cut, layer by layer, into a logit store."""
 
-from __future__ import annotations
-
 from pathlib import Path
+from typing import Annotated
 
 import typer
 
+from fideval.commands import options
 
-def register(app: typer.Typer) -> None:
-    @app.command()
-    def teacher(
-        windows: Path = typer.Option(..., "--windows", help="output folder of 'fideval windows'"),
-        out: Path = typer.Option(..., "--out", help="logit store folder to write (resumes if present)"),
-        config: Path = typer.Option(None, "--config", help="take model, dtype and micro-batch from this config"),
-        model: Path = typer.Option(None, "--model", help="Hugging Face checkpoint folder (config.json + safetensors)"),
-        lengths: str = typer.Option("windows,cuts", "--lengths", "--kind", help="which sequence folders: windows, cuts or both"),
-        domain: list[str] = typer.Option(None, "--domain", help="only this domain (repeatable); default all"),
-        device: str = typer.Option("auto", "--device", help="cpu, cuda or auto"),
-        dtype: str = typer.Option(None, "--dtype", help="compute dtype of the layers: float32 or bfloat16 (lm head is always float32)"),
-        micro_batch: int = typer.Option(None, "--micro-batch", min=1, help="sequences per forward call (fixed for reproducibility)"),
-        model_id: str = typer.Option(None, "--model-id", help="recorded in the store (default: folder name)"),
-        model_revision: str = typer.Option(None, "--model-revision", help="recorded in the store (default: 'local')"),
-    ) -> None:
-        """Run the reference model layer by layer and store float32 logits for every position.
 
-        For model parallel, launch the library entry point under torchrun:
-        ``torchrun --nproc-per-node N -m fideval.model.teacher --model ... --windows ... --out ...``.
-        """
-        import os
+def teacher(
+    windows: Annotated[Path, typer.Option("--windows", help="output folder of 'fideval windows', or one of its "
+                                          "windows-<W>/ or cuts-<C>/ token files (then only that length)")],
+    out: Annotated[Path, options.out("logit store folder to write (resumes if present)")],
+    config: Annotated[Path | None, options.config("take model, device, dtype and micro-batch from this config")] = None,
+    model: Annotated[Path | None, typer.Option("--model", help="Hugging Face checkpoint folder (config.json + safetensors)")] = None,
+    lengths: Annotated[str, typer.Option("--lengths", "--kind", help="which sequence folders: windows, cuts or both")] = "windows,cuts",
+    domain: Annotated[list[str] | None, typer.Option("--domain", help="only this domain (repeatable); default all")] = None,
+    device: options.Device = None,
+    dtype: Annotated[str | None, typer.Option(
+        "--dtype", help="compute dtype of the layers: float32 or bfloat16 (lm head is always float32)")] = None,
+    micro_batch: Annotated[int | None, typer.Option(
+        "--micro-batch", min=1, help="sequences per forward call (fixed for reproducibility)")] = None,
+    model_id: Annotated[str | None, typer.Option("--model-id", help="recorded in the store (default: folder name)")] = None,
+    model_revision: Annotated[str | None, typer.Option("--model-revision", help="recorded in the store (default: 'local')")] = None,
+) -> None:
+    """Run the reference model layer by layer and store float32 logits for every position.
 
-        from fideval.errors import FidevalError
-        from fideval.lock import output_lock
-        from fideval.model.teacher import run_teacher
+    For model parallel, launch the library entry point under torchrun:
+    ``torchrun --nproc-per-node N -m fideval.model.teacher --model ... --windows ... --out ...``.
+    """
+    import os
 
-        if config is not None:
-            from fideval.config import load_config
-            from fideval.model_source import locate
+    from fideval.lock import output_lock
+    from fideval.model.teacher import run_teacher
 
-            cfg = load_config(config)
-            files = locate(cfg.model.path, cfg.model.revision) if model is None else None
-            model = model or files.folder
-            model_id = model_id or cfg.model.id
-            model_revision = model_revision or (files.revision if files else cfg.model.revision)
-            dtype = dtype or cfg.teacher.dtype
-            micro_batch = micro_batch or cfg.teacher.micro_batch
-        if model is None:
-            raise FidevalError("no model given", hint="pass --model DIR or --config CONFIG")
-        kinds = tuple(x.strip() for x in lengths.split(",") if x.strip())
+    windows, kinds = _sequences(windows, lengths)
+    args = _settings(config, model=model, model_id=model_id, model_revision=model_revision, device=device,
+                     dtype=dtype, micro_batch=micro_batch)
+    if int(os.environ.get("RANK", "0")) == 0:  # under torchrun rank 0 alone writes, and holds the lock
+        with output_lock(out, "teacher"):
+            r = run_teacher(windows_dir=windows, out=out, kinds=kinds, domains=domain or None, **args)
+    else:
+        r = run_teacher(windows_dir=windows, out=out, kinds=kinds, domains=domain or None, **args)
+    st = r["stats"]
+    canary = ", ".join(f"{c['folder']} {'identical' if c.get('identical') else 'DIFFERS'}" for c in r["canaries"]) or "none"
+    typer.echo(f"{out}: {r['written']} sequences written, {r['skipped']} already done; canary {canary}; "
+               f"{st['tokens'] / max(st['wall_s'], 1e-9):,.0f} tokens/s, weight loading {st['load_s']:.1f} s "
+               f"({st['wait_s']:.1f} s not hidden)")
 
-        def run() -> dict:
-            return run_teacher(model, windows, out, kinds=kinds, device=device, dtype=dtype or "float32",
-                               model_id=model_id, model_revision=model_revision, micro_batch=micro_batch or 1,
-                               domains=domain or None)
 
-        if int(os.environ.get("RANK", "0")) == 0:  # under torchrun rank 0 alone writes, and holds the lock
-            with output_lock(out, "teacher"):
-                r = run()
+def _sequences(windows: Path, lengths: str) -> tuple[Path, tuple[str, ...]]:
+    """The windows folder and the lengths to run: ``--lengths``, or the one length whose token file is given."""
+    from fideval.errors import FidevalError
+    from fideval.model.teacher import KINDS
+
+    if windows.is_file():  # results/RUN/windows/cuts-512/tokens.safetensors, as the workflow declares it
+        kind = windows.parent.name.rpartition("-")[0]
+        if kind not in KINDS:
+            raise FidevalError(f"--windows {windows}: not in a windows-<W>/ or cuts-<C>/ folder", hint="give the windows folder")
+        given = {x.strip() for x in lengths.split(",") if x.strip()}
+        if kind not in given:
+            raise FidevalError(f"--windows {windows} holds {kind}, not --lengths {lengths}", hint=f"pass --lengths {kind}")
+        return windows.parent.parent, (kind,)
+    return windows, tuple(x.strip() for x in lengths.split(",") if x.strip())
+
+
+def _settings(config: Path | None, **given) -> dict:
+    """run_teacher's model and settings: the options given, else the config's, else the defaults."""
+    from fideval.errors import FidevalError
+
+    got = {k: v for k, v in given.items() if v is not None}
+    if config is not None:
+        from fideval.config import load_config
+        from fideval.model_source import locate
+
+        cfg = load_config(config)
+        files = locate(cfg.model.path, cfg.model.revision) if "model" not in got else None
+        base = {"model_id": cfg.model.id, "device": cfg.teacher.device, "dtype": cfg.teacher.dtype,
+                "micro_batch": cfg.teacher.micro_batch}
+        if files is not None:
+            base.update(model=files.folder, model_revision=files.revision or cfg.model.revision)
         else:
-            r = run()
-        st = r["stats"]
-        canary = ", ".join(f"{c['folder']} {'identical' if c.get('identical') else 'DIFFERS'}" for c in r["canaries"]) or "none"
-        typer.echo(f"{out}: {r['written']} sequences written, {r['skipped']} already done; canary {canary}; "
-                   f"{st['tokens'] / max(st['wall_s'], 1e-9):,.0f} tokens/s, weight loading {st['load_s']:.1f} s "
-                   f"({st['wait_s']:.1f} s not hidden)")
+            base["model_revision"] = cfg.model.revision
+        got = {**{k: v for k, v in base.items() if v is not None}, **got}
+    if "model" not in got:
+        raise FidevalError("no model given", hint="pass --model DIR or --config CONFIG")
+    return {"model_dir": got.pop("model"), "device": "auto", "dtype": "float32", "micro_batch": 1, **got}

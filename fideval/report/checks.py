@@ -10,13 +10,13 @@ Each check says what was compared and against what, so a failure can be acted on
   cpu_check           the GPU kernel's rows checked in float64 on the CPU differ by at most the tolerance;
   nonfinite_rows      the scorer met no non-finite logits;
   windows_match       every window in the records is listed in eval-windows.json (when given).
-A check whose input is absent has status "not_run" (not a failure).
+A check whose input is absent has status "not_run" (not a failure). :func:`gate_failures` adds the fidelity
+gates (mean KLD, top-1) to the failed checks: the verdict of ``fideval check``.
 """
 
 from __future__ import annotations
 
 import json
-
 from typing import Any
 
 import numpy as np
@@ -195,3 +195,20 @@ def run_all(
         nonfinite(sets + self_sets),
         windows_match(sets + self_sets, windows),
     ]
+
+
+def gate_failures(report: dict[str, Any], max_mean_kld: float | None, min_top1: float | None) -> list[str]:
+    """One line per failed integrity check or fidelity gate (the arguments override the report's gates)."""
+    lines = [f"check {c['name']} failed: {c['detail']}" for c in report["checks"] if c["status"] == "fail"]
+    gates = report.get("gates") or {}
+    kld_max = max_mean_kld if max_mean_kld is not None else gates.get("mean_kld_max")
+    top1_min = min_top1 if min_top1 is not None else gates.get("top1_min")
+    for r in report["results"]:
+        who = f"{r['candidate']}/{r['path']}/{r['length']}"
+        m = r["overall"]["mean_kld"]["estimate"]
+        if kld_max is not None and m > kld_max:
+            lines.append(f"gate mean_kld_max failed: {who} mean KLD {m:.6g} > {kld_max:g}")
+        t = r["overall"]["top1"]["estimate"]
+        if top1_min is not None and t < top1_min:
+            lines.append(f"gate top1_min failed: {who} top-1 agreement {t:.6g} < {top1_min:g}")
+    return lines

@@ -1,16 +1,26 @@
-"""The candidate: the reference checkpoint with emulated quantized modules, run through the very same
-layer-by-layer path as the teacher, so that the quantization is the only difference between the two.
+"""The candidate: whatever is scored against the teacher, behind one interface (:class:`Candidate`).
+
+Three sources: an *emulated* build (the reference checkpoint with quantize->dequantize hooks), a *real*
+build (a GGUF file or a quantized safetensors folder, decoded layer by layer), and a *store* of logits
+written elsewhere. The first two run through the very same layer-by-layer path as the teacher, so that the
+quantization is the only difference between the two.
 
 The quant spec becomes two hooks for the runner: ``weight_transform`` quantizes->dequantizes each listed
 weight once, as its layer is materialised (never per token), and on the *serving* path ``act_transform``
 quantizes the activations entering those modules to E4M3 per 1x128 as the serving kernels do; the
 *weights-only* path leaves activations alone. Bits per weight are counted from the checkpoint's headers.
+
+The settings that shape the bits (dtype, micro-batch, model id and revision, tokenizer) are the teacher's,
+read back from its store's manifest: a model run with other settings would differ from the teacher for
+reasons that are not the quantization (:func:`teacher_settings`).
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+import json
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -18,12 +28,30 @@ import numpy as np
 from fideval.errors import FidevalError
 
 PATHS = ("serving", "weights-only")
+UNKNOWN = (None, "", "None", "local", "unknown")  # what a store records when it was told no identity
+
+
+@dataclass(frozen=True)
+class CandidateShard:
+    """One sequence of candidate logits. A model run gives every row (row i predicts token i + 1) and no
+    token ids; a store gives its token ids (checked against the teacher's) and the row its logits start at."""
+
+    seq_id: str
+    logits: Any  # float32 [rows, V]: a torch tensor or a numpy array
+    token_ids: np.ndarray | None = None
+    row_start: int = 0
 
 
 @dataclass
-class CandidateRun:
-    logits: Iterator[tuple]  # (seq_id, float32 [L, V]) in the teacher's order
-    info: dict[str, Any]  # what score.json records about the candidate
+class Candidate:
+    """What ``fideval score`` scores: shards in the order they come, and what score.json records."""
+
+    name: str  # the records' candidate column
+    path: str  # serving, weights-only or store
+    shards: Iterable[CandidateShard]
+    info: dict[str, Any] | None = None  # score.json's candidate_info (source, quant spec, bits per weight)
+    order: list[str] | None = None  # the seq ids in the shards' order, when known up front (a store's)
+    is_teacher: bool = False  # the teacher scored against itself: the run is the self-check
 
 
 def teacher_sequences(teacher: Any):
@@ -42,41 +70,79 @@ def teacher_sequences(teacher: Any):
     return Sequences(ids=ids, domains=domains, tokens=np.stack(rows).astype(np.int32))
 
 
-def emulated(cfg: Any, name: str, path: str, teacher: Any, device: str) -> CandidateRun:
-    """Run candidate ``name`` of ``cfg`` on ``path`` (serving or weights-only) over the teacher's sequences."""
-    import torch
+def teacher_settings(cfg: Any, teacher: Any, files: Any) -> dict[str, Any]:
+    """``{dtype, micro_batch}`` the teacher ran with (its manifest's ``teacher`` block), after checking that
+    the config and the model folder agree with the store: a key the config sets to another value, another
+    model id, revision or tokenizer is a one-line error. A key the config leaves out follows the manifest;
+    a store that records no settings (a hand-made or imported one) takes the config's."""
+    from fideval.fsio import sha256_file
 
-    from fideval.formats.safetensors import folder_shapes
-    from fideval.model.runner import iter_logits
-    from fideval.model_source import locate
-    from fideval.quant.spec import check_spec_classes, compile_spec, module_class_of
+    meta, where = teacher.meta, f"teacher store {teacher.root}"
+    ran = json.loads(meta["teacher"]) if meta.get("teacher") else {}
+    out = {}
+    for key in ("dtype", "micro_batch"):
+        mine = getattr(cfg.teacher, key)
+        if key in ran and key in cfg.teacher.model_fields_set and mine != ran[key]:
+            raise FidevalError(f"config teacher.{key} is {mine!r} but {where} was made with {key} {ran[key]!r}",
+                               hint=f"set teacher.{key}: {ran[key]} (or drop it), or rerun the teacher with the config")
+        out[key] = ran.get(key, mine)
+    tok = Path(files.folder) / "tokenizer.json"
+    checks = [("model id", cfg.model.id, meta.get("model_id")), ("model revision", files.revision, meta.get("model_revision")),
+              ("tokenizer SHA-256", sha256_file(tok) if tok.is_file() else None, meta.get("tokenizer_sha256"))]
+    for what, mine, theirs in checks:
+        if mine not in UNKNOWN and theirs not in UNKNOWN and mine != theirs:
+            raise FidevalError(f"config's {what} {mine} differs from {where}'s {theirs}",
+                               hint="score against a teacher store made from this config's model")
+    return out
 
+
+def _config_candidate(cfg: Any, name: str, path: str) -> Any:
     by_name = {c.name: c for c in cfg.candidates}
     if name not in by_name:
         raise FidevalError(f"candidate {name!r} is not in the config", hint=f"one of: {', '.join(by_name) or 'none'}")
     cand = by_name[name]
     if path not in cand.paths:
         raise FidevalError(f"candidate {name!r} has no path {path!r}", hint=f"its paths: {', '.join(cand.paths)}")
-    if cand.checkpoint is not None:
-        return real(cfg, name, path, teacher, device)
+    return cand
+
+
+def _model_run(files: Any, teacher: Any, settings: dict[str, Any], device: str, **hooks: Any) -> Iterator[CandidateShard]:
+    import torch
+
+    from fideval.model.runner import iter_logits
+
+    dtype = {"float32": torch.float32, "bfloat16": torch.bfloat16}[settings["dtype"]]
+    logits = iter_logits(files.folder, teacher_sequences(teacher), device=device, dtype=dtype,
+                         micro_batch=settings["micro_batch"], **hooks)
+    return (CandidateShard(sid, x) for sid, x in logits)
+
+
+def from_config(cfg: Any, name: str, path: str, teacher: Any, device: str) -> Candidate:
+    """Candidate ``name`` of ``cfg`` on ``path`` (serving or weights-only), run over the teacher's sequences:
+    its ``checkpoint:`` (a real build) when it names one, else its ``quant:`` spec emulated."""
+    cand = _config_candidate(cfg, name, path)
+    return real(cfg, name, path, teacher, device) if cand.checkpoint is not None else emulated(cfg, name, path, teacher, device)
+
+
+def emulated(cfg: Any, name: str, path: str, teacher: Any, device: str) -> Candidate:
+    """The reference checkpoint of ``cfg`` with candidate ``name``'s quant spec emulated on ``path``."""
+    from fideval.model_source import locate
+    from fideval.quant.inspect import class_shapes
+    from fideval.quant.spec import check_spec_classes, compile_spec
+
+    cand = _config_candidate(cfg, name, path)
     files = locate(cfg.model.path, cfg.model.revision)
+    settings = teacher_settings(cfg, teacher, files)
     quant = cand.quant.model_dump(exclude_none=True)
     spec = compile_spec(quant)
-    shapes = folder_shapes(files.folder)
-    by_class: dict[str | None, dict[str, tuple]] = {}
-    for tensor, (shape, _dtype) in shapes.items():
-        by_class.setdefault(module_class_of(tensor), {})[tensor] = tuple(shape)
+    by_class = class_shapes(files.folder)
     check_spec_classes(quant, {c for c in by_class if c is not None})
-    dtype = {"float32": torch.float32, "bfloat16": torch.bfloat16}[cfg.teacher.dtype]
-    seqs = teacher_sequences(teacher)
-    logits = iter_logits(files.folder, seqs, device=device, dtype=dtype, weight_transform=spec.weight_transform,
-                         act_transform=spec.act_transform if path == "serving" else None,
-                         micro_batch=cfg.teacher.micro_batch)
+    shards = _model_run(files, teacher, settings, device, weight_transform=spec.weight_transform,
+                        act_transform=spec.act_transform if path == "serving" else None)
     info = {"source": "emulated", "model_id": cfg.model.id, "model_revision": files.revision, "quant": quant,
             "activations": "e4m3 per 1x128" if path == "serving" else "none",
             "bits_per_weight": spec.bits(by_class)}
-    return CandidateRun(logits=((sid, x) for sid, x in logits), info=info)
-
+    return Candidate(name=name, path=path, shards=shards, info=info)
 
 
 def checkpoint_hooks(ckpt: Any, path: str) -> dict:
@@ -94,40 +160,34 @@ def checkpoint_hooks(ckpt: Any, path: str) -> dict:
 
 def checkpoint_identity(p) -> dict[str, Any]:
     """SHA-256 of a GGUF file, or a manifest {file: sha256} of a folder's config.json and safetensors files."""
-    from pathlib import Path
-
     from fideval.fsio import sha256_file
 
     p = Path(p)
     if p.is_file():
         return {"file": p.name, "sha256": sha256_file(p), "bytes": p.stat().st_size}
-    files = sorted(f for f in p.iterdir() if f.is_file() and (f.suffix == ".safetensors" or f.name in ("config.json", "model.safetensors.index.json")))
+    keep = ("config.json", "model.safetensors.index.json")
+    files = sorted(f for f in p.iterdir() if f.is_file() and (f.suffix == ".safetensors" or f.name in keep))
     return {"files": {f.name: sha256_file(f) for f in files}, "bytes": sum(f.stat().st_size for f in files)}
 
 
-def real(cfg: Any, name: str, path: str, teacher: Any, device: str) -> CandidateRun:
-    """Run the real quantized build of candidate ``name`` (``checkpoint:`` a .gguf file or a quantized
+def real(cfg: Any, name: str, path: str, teacher: Any, device: str) -> Candidate:
+    """The real quantized build of candidate ``name`` (``checkpoint:`` a .gguf file or a quantized
     safetensors folder) through the runner: architecture and config from the reference model folder,
     weights decoded from the build layer by layer (``fideval.model.quantized``)."""
-    import torch
-
     from fideval.config import is_hub, resolve_path
     from fideval.model.quantized import open_real
-    from fideval.model.runner import iter_logits
     from fideval.model_source import locate
 
-    cand = {c.name: c for c in cfg.candidates}[name]
+    cand = _config_candidate(cfg, name, path)
     files = locate(cfg.model.path, cfg.model.revision)
+    settings = teacher_settings(cfg, teacher, files)
     src = locate(cand.checkpoint).folder if is_hub(cand.checkpoint) else resolve_path(cand.checkpoint)
     ckpt = open_real(src, files.folder)
     act = checkpoint_hooks(ckpt, path)
     if path == "serving" and not act:
         raise FidevalError(f"candidate {name!r}: checkpoint {src} quantizes no module class, so 'serving' equals 'weights-only'",
                            hint="score it on paths: [weights-only]")
-    dtype = {"float32": torch.float32, "bfloat16": torch.bfloat16}[cfg.teacher.dtype]
-    seqs = teacher_sequences(teacher)
-    logits = iter_logits(files.folder, seqs, device=device, dtype=dtype, act_transform=act or None,
-                         micro_batch=cfg.teacher.micro_batch, checkpoint=ckpt)
+    shards = _model_run(files, teacher, settings, device, act_transform=act or None, checkpoint=ckpt)
     if hasattr(ckpt, "bits"):
         bits, kind = ckpt.bits(), f"safetensors ({ckpt.quant_method or 'unquantized'})"
     else:
@@ -139,4 +199,75 @@ def real(cfg: Any, name: str, path: str, teacher: Any, device: str) -> Candidate
             "activations": "e4m3 per 1x128" if path == "serving" else "none",
             "quantized_classes": sorted(act) if act else sorted(ckpt.quantized_classes()),
             "bits_per_weight": bits}
-    return CandidateRun(logits=((sid, x) for sid, x in logits), info=info)
+    return Candidate(name=name, path=path, shards=shards, info=info)
+
+
+def store_shards(reader: Any, seq_ids: Iterable[str], device: Any = None, prefetch: int = 1) -> Iterator[CandidateShard]:
+    """A candidate store's shards. On a GPU (``device`` cuda) streamed ``prefetch`` shards ahead (one: with
+    the teacher's stream beside it, two host buffers in all); else memory-mapped (the CPU scorer is far
+    slower than the disk: read-ahead buys nothing)."""
+    import torch
+
+    from fideval.score.run import mapped_tensor
+
+    if device is None or torch.device(device).type == "cpu":
+        for sid in seq_ids:
+            logits, tokens = reader.read(sid)
+            yield CandidateShard(sid, mapped_tensor(logits), tokens, reader.row_start(sid))
+        return
+    for sid, logits, tokens in reader.iter(list(seq_ids), device=device, prefetch=prefetch):
+        yield CandidateShard(sid, logits, tokens, reader.row_start(sid))
+
+
+def from_store(reader: Any, teacher: Any, name: str, path: str = "store", device: Any = None) -> Candidate:
+    """A candidate logit store (a StoreReader), checked against the teacher: same vocabulary, a shard for
+    every teacher sequence. Its shards come in the teacher's order, so a GPU run streams both side by side."""
+    where = f"--candidate {reader.root}"
+    if reader.vocab_size != teacher.vocab_size:
+        raise FidevalError(f"{where}: vocab_size {reader.vocab_size} differs from the teacher's {teacher.vocab_size}",
+                           hint="teacher and candidate must share the tokenizer and output width")
+    missing = [s for s in teacher.seq_ids if s not in reader.entries]
+    if missing:
+        raise FidevalError(f"{where}: no shard for {len(missing)} teacher sequences (first {missing[0]!r})",
+                           hint="make the candidate store from the same windows")
+    order = list(teacher.seq_ids)
+    return Candidate(name=name, path=path, shards=store_shards(reader, order, device), order=order)
+
+
+def teacher_shards(teacher: Any, seq_ids: Iterable[str]) -> Iterator[CandidateShard]:
+    """The teacher's own shards, copied out of the memory map, as a candidate's."""
+    import torch
+
+    for sid in seq_ids:
+        logits, tokens = teacher.read(sid)
+        yield CandidateShard(sid, torch.from_numpy(np.array(logits, dtype=np.float32)), tokens, teacher.row_start(sid))
+
+
+def teacher_itself(teacher: Any, name: str = "self", path: str = "store") -> Candidate:
+    """The teacher as its own candidate (``--self-check`` alone): every row must score exactly 0."""
+    return Candidate(name=name, path=path, shards=teacher_shards(teacher, teacher.seq_ids), is_teacher=True)
+
+
+def select(teacher: Any, spec: str | None, path: str, settings: Any, *, cfg: Any = None, name: str | None = None,
+           self_check: bool = False) -> Candidate:
+    """The candidate ``fideval score`` is asked for: with a config, its candidate ``spec`` run on ``path``;
+    else the logit store at ``spec`` (named ``name``, default its folder's name); with neither and
+    ``self_check``, the teacher itself."""
+    if path not in ("serving", "weights-only", "store"):
+        raise FidevalError(f"--path {path!r}: expected serving, weights-only or store")
+    if cfg is not None:
+        if spec is None or path == "store":
+            raise FidevalError("with --config give --candidate NAME and --path serving|weights-only",
+                               hint="names and paths are in the config's candidates")
+        return from_config(cfg, spec, path, teacher, settings.device)
+    if spec is None:
+        if not self_check:
+            raise FidevalError("give --candidate STORE (or --self-check to score the teacher against itself)")
+        return teacher_itself(teacher, name or "self", path)
+    from fideval.score.run import pick
+    from fideval.store import StoreReader
+    from fideval.store.hub import resolve_store
+
+    dev, _ = pick(settings.device, settings.kernel)
+    return from_store(StoreReader(resolve_store(spec)), teacher, name or Path(str(spec).rstrip("/")).name, path,
+                      device=dev if dev.type == "cuda" else None)

@@ -1,8 +1,8 @@
 """The scoring driver: teacher store + candidate logits -> ``records.parquet`` + ``score.json``.
 
-Candidate logits arrive as an iterator of ``(seq_id, logits [rows, V])`` -- optionally followed by the
-sequence's ``token_ids`` and the candidate's ``row_start`` -- so the same loop scores a candidate store
-(:func:`store_candidates`) or a model run on the fly (``fideval.model.runner.iter_logits``). Per shard:
+A :class:`~fideval.score.candidate.Candidate` yields shards (:class:`~fideval.score.candidate.CandidateShard`;
+a store's carry their token ids and first row), so the same loop scores a candidate store or a model run
+on the fly; :class:`ScoreSettings` says how (device, kernel, CPU check, non-finite rows). Per shard:
 checks (vocab, token ids, non-finite rows) before any scoring, the fast scorer (Triton on CUDA, else
 torch), the numpy float64 reference on sampled rows, one Parquet row group. Nothing is written unless
 every shard passed: a run that fails its CPU check leaves no records that look valid.
@@ -17,7 +17,7 @@ float64 temporaries are capped at half a shard. A model run's teacher shards are
 from __future__ import annotations
 
 import warnings
-from collections.abc import Iterable, Iterator
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -29,11 +29,36 @@ from fideval.formats.ids import window_of
 from fideval.fsio import sha256_file, write_json
 from fideval.progress import progress
 from fideval.score import reference, torch_kernel
+from fideval.score.candidate import Candidate, CandidateShard, teacher_shards
 from fideval.score.metrics import FIGURES, max_rel_diff
 from fideval.score.records import RecordsWriter
 
 SCORE_FORMAT = "fideval.score"
 SCORE_VERSION = 1
+
+
+@dataclass(frozen=True)
+class ScoreSettings:
+    """How a candidate is scored; none of it changes a figure beyond the CPU check's tolerance."""
+
+    device: str = "auto"  # auto, cpu or cuda[:n]
+    kernel: str = "auto"  # auto (triton on CUDA), triton or torch
+    cpu_check_every: int = 1000  # re-score 1 row in N (plus each shard's first and last) in float64 on the CPU
+    cpu_check_tolerance: float = 2e-12  # largest relative difference to that reference
+    on_nonfinite: str = "fail"  # fail, or skip (drop and count) rows holding NaN/+inf
+
+    def __post_init__(self) -> None:
+        if self.on_nonfinite not in ("fail", "skip"):
+            raise FidevalError(f"--on-nonfinite {self.on_nonfinite!r}: expected fail or skip")
+        if self.cpu_check_every < 1:
+            raise FidevalError(f"cpu_check_every {self.cpu_check_every}: must be >= 1")
+
+    @classmethod
+    def of(cls, score_cfg: Any = None, **given: Any) -> "ScoreSettings":
+        """The options given (None: not given), else the config's ``score:`` section, else the defaults."""
+        keys = ("cpu_check_every", "cpu_check_tolerance", "on_nonfinite")
+        base = {k: getattr(score_cfg, k) for k in keys} if score_cfg is not None else {}
+        return cls(**{**base, **{k: v for k, v in given.items() if v is not None}})
 
 
 def pick(device: str = "auto", kernel: str = "auto") -> tuple[torch.device, str]:
@@ -74,26 +99,6 @@ def mapped_tensor(array: np.ndarray) -> torch.Tensor:
         return torch.from_numpy(array)
 
 
-def store_candidates(reader: Any, seq_ids: Iterable[str], device: Any = None, prefetch: int = 1) -> Iterator[tuple]:
-    """A candidate store as a candidate iterator: ``(seq_id, logits, token_ids, row_start)``. On a GPU
-    (``device`` cuda) streamed ``prefetch`` shards ahead (one: with the teacher's stream beside it, two host
-    buffers in all); else memory-mapped (the CPU scorer is far slower than the disk: read-ahead buys nothing)."""
-    if device is None or torch.device(device).type == "cpu":
-        for sid in seq_ids:
-            logits, tokens = reader.read(sid)
-            yield sid, mapped_tensor(logits), tokens, reader.row_start(sid)
-        return
-    for sid, logits, tokens in reader.iter(list(seq_ids), device=device, prefetch=prefetch):
-        yield sid, logits, tokens, reader.row_start(sid)
-
-
-def teacher_candidates(teacher: Any, seq_ids: Iterable[str]) -> Iterator[tuple]:
-    """The teacher as its own candidate (``--self-check``)."""
-    for sid in seq_ids:
-        logits, tokens = teacher.read(sid)
-        yield sid, torch.from_numpy(np.array(logits, dtype=np.float32)), tokens, teacher.row_start(sid)
-
-
 class _TeacherFeed:
     """The teacher's shards in the order the candidate will ask for them, streamed by ``StoreReader.iter``
     onto the GPU: the next shard is read from disk (into one page-locked host buffer, SHA-256 on the way)
@@ -129,22 +134,18 @@ def _check_rows(every: int, start: int, n: int) -> np.ndarray:
 
 
 class _Run:
-    def __init__(self, teacher: Any, dev: torch.device, kernel: str, every: int, tolerance: float, on_nonfinite: str,
-                 feed: _TeacherFeed | None = None):
+    def __init__(self, teacher: Any, dev: torch.device, kernel: str, settings: ScoreSettings, feed: _TeacherFeed | None = None):
         self.teacher, self.dev, self.kernel, self.feed = teacher, dev, kernel, feed
-        self.every, self.tolerance, self.on_nonfinite = every, tolerance, on_nonfinite
+        self.every, self.tolerance = settings.cpu_check_every, settings.cpu_check_tolerance
+        self.on_nonfinite = settings.on_nonfinite
         self.rows = self.checked = self.nonfinite = self.seen = 0
         self.worst, self.worst_at = 0.0, ""
         self.max_kld, self.top1 = 0.0, 0
         self.lengths: set[int] = set()
 
-    def shard(self, item: tuple) -> dict[str, Any] | None:
-        """Score one candidate item against its teacher shard; None when nothing is scorable."""
-        if len(item) < 2 or len(item) > 4:
-            raise ValueError("candidate items are (seq_id, logits[, token_ids[, row_start]])")
-        sid, cand = item[0], item[1]
-        cand_tokens = item[2] if len(item) > 2 else None
-        cand_start = int(item[3]) if len(item) > 3 else 0
+    def shard(self, item: CandidateShard) -> dict[str, Any] | None:
+        """Score one candidate shard against its teacher shard; None when nothing is scorable."""
+        sid, cand, cand_tokens, cand_start = item.seq_id, item.logits, item.token_ids, int(item.row_start)
         vocab = self.teacher.vocab_size
         if not isinstance(cand, torch.Tensor):
             cand = torch.from_numpy(np.asarray(cand))
@@ -229,10 +230,10 @@ def self_check(teacher: Any, *, device: str = "auto", kernel: str = "auto", seq_
     is exact on purpose. Raises :class:`FidevalError` otherwise; returns ``{max_kld, top1, rows}``.
     """
     dev, kernel = pick(device, kernel)
-    run = _Run(teacher, dev, kernel, every=10**12, tolerance=float("inf"), on_nonfinite="fail")
+    run = _Run(teacher, dev, kernel, ScoreSettings(cpu_check_every=10**12, cpu_check_tolerance=float("inf")))
     ids = teacher.seq_ids if seq_ids is None else seq_ids
     with progress("self-check", total=sum(teacher.entry(s)["rows"] for s in ids), unit="rows") as bar:
-        for item in teacher_candidates(teacher, ids):
+        for item in teacher_shards(teacher, ids):
             out = run.shard(item)
             bar.advance(len(out["positions"]) if out else 0)
     return _self_result(run, kernel)
@@ -246,58 +247,49 @@ def _self_result(run: _Run, kernel: str) -> dict[str, Any]:
     return result
 
 
-def score_candidate(teacher: Any, candidate_iter: Iterable[tuple], *, candidate: str, path: str, out_dir: str | Path,
-                    device: str = "auto", cpu_check_every: int = 1000, cpu_check_tolerance: float = 2e-12,
-                    on_nonfinite: str = "fail", kernel: str = "auto", self_check_first: bool = False,
-                    teacher_spec: str | None = None, total_rows: int | None = None,
-                    candidate_is_teacher: bool = False, candidate_info: dict[str, Any] | None = None,
-                    teacher_order: list[str] | None = None) -> dict[str, Any]:
-    """Score every item of ``candidate_iter`` against ``teacher`` (a StoreReader); write the records.
+def score_candidate(teacher: Any, candidate: Candidate, out_dir: str | Path, settings: ScoreSettings = ScoreSettings(), *,
+                    self_check_first: bool = False, teacher_spec: str | None = None, total_rows: int | None = None
+                    ) -> dict[str, Any]:
+    """Score every shard of ``candidate`` against ``teacher`` (a StoreReader); write the records.
 
-    ``candidate_iter`` yields ``(seq_id, logits float32 [rows, V])`` (a model run: row i predicts token
-    i + 1) or ``(seq_id, logits, token_ids[, row_start])`` (a store; token ids are checked against the
-    teacher's before the shard is scored). ``path`` is "serving", "weights-only" or "store". Writes
-    ``out_dir/records.parquet`` and ``out_dir/score.json``; returns the score.json dict.
-    ``self_check_first`` scores the teacher against itself before the candidate;
-    ``candidate_is_teacher`` says the candidate IS the teacher (the run is the self-check). Either way
-    ``self_check`` in score.json holds ``{max_kld, top1, rows}`` and a non-exact result fails the run.
-    ``candidate_info`` (quant spec, bits per weight, source) is recorded as score.json's ``candidate_info``.
-    ``teacher_order``: the order the candidate will yield its sequences in (a candidate store's); on a GPU the
-    teacher's shards are then streamed in that order (:class:`_TeacherFeed`), else each is memory-mapped.
+    Writes ``out_dir/records.parquet`` and ``out_dir/score.json``; returns the score.json dict.
+    ``self_check_first`` scores the teacher against itself before the candidate; a candidate that IS the
+    teacher (``is_teacher``) makes the run the self-check. Either way ``self_check`` in score.json holds
+    ``{max_kld, top1, rows}`` and a non-exact result fails the run. The candidate's ``info`` is recorded as
+    score.json's ``candidate_info``. When the candidate's ``order`` is known (a store's), on a GPU the
+    teacher's shards are streamed in that order (:class:`_TeacherFeed`), else each is memory-mapped.
     """
-    if on_nonfinite not in ("fail", "skip"):
-        raise FidevalError(f"--on-nonfinite {on_nonfinite!r}: expected 'fail' or 'skip'")
-    if cpu_check_every < 1:
-        raise FidevalError(f"cpu_check_every {cpu_check_every}: must be >= 1")
+    device, kernel = settings.device, settings.kernel
+    cpu_check_every, cpu_check_tolerance, on_nonfinite = settings.cpu_check_every, settings.cpu_check_tolerance, settings.on_nonfinite
     dev, kernel = pick(device, kernel)
     checked_self = self_check(teacher, device=str(dev), kernel=kernel) if self_check_first else None
     out_dir = Path(out_dir)
-    feed = _TeacherFeed(teacher, list(teacher_order), dev) if teacher_order and dev.type == "cuda" else None
-    run = _Run(teacher, dev, kernel, cpu_check_every, cpu_check_tolerance, on_nonfinite, feed)
+    feed = _TeacherFeed(teacher, list(candidate.order), dev) if candidate.order and dev.type == "cuda" else None
+    run = _Run(teacher, dev, kernel, settings, feed)
     if total_rows is None:
         total_rows = sum(max(int(teacher.entry(s)["rows"]) - 1, 0) for s in teacher.seq_ids)
     try:
-        with RecordsWriter(out_dir) as w, progress(f"score {candidate}", total=total_rows, unit="rows") as bar:
-            for item in candidate_iter:
+        with RecordsWriter(out_dir) as w, progress(f"score {candidate.name}", total=total_rows, unit="rows") as bar:
+            for item in candidate.shards:
                 out = run.shard(item)
                 if out is None:
                     continue
-                w.add_shard(candidate=candidate, path=path, **out)
+                w.add_shard(candidate=candidate.name, path=candidate.path, **out)
                 bar.advance(len(out["positions"]))
-            if candidate_is_teacher:
+            if candidate.is_teacher:
                 checked_self = _self_result(run, kernel)
     finally:
         if feed is not None:
             feed.close()
     summary = {
-        "format": SCORE_FORMAT, "version": SCORE_VERSION, "candidate": candidate, "path": path,
+        "format": SCORE_FORMAT, "version": SCORE_VERSION, "candidate": candidate.name, "path": candidate.path,
         "length": next(iter(run.lengths)) if len(run.lengths) == 1 else None, "rows": run.rows,
         "teacher": _teacher_block(teacher, teacher_spec),
         "cpu_check": {"rows_checked": run.checked, "max_rel_diff": run.worst, "tolerance": cpu_check_tolerance,
                       "every": cpu_check_every, "worst": run.worst_at or None},
         "self_check": checked_self, "nonfinite_rows": run.nonfinite, "on_nonfinite": on_nonfinite,
         "device": torch.cuda.get_device_name(dev) if dev.type == "cuda" else "cpu", "kernel": kernel,
-        "figures": list(FIGURES), "records": "records.parquet", "candidate_info": candidate_info,
+        "figures": list(FIGURES), "records": "records.parquet", "candidate_info": candidate.info,
     }
     try:
         from fideval.provenance import tool_block

@@ -1,0 +1,55 @@
+"""What a quant spec does to a checkpoint, from its safetensors headers alone (shapes and dtypes, no data).
+
+Every tensor is mapped to its module class (:func:`fideval.quant.spec.module_class_of`); the spec's classes
+must exist in the model and every block must divide its tensor, so a bad spec fails before a long run
+(``fideval quant inspect``) and before the emulated candidate's first layer (``fideval score --config``).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from fideval.errors import FidevalError
+
+
+def class_shapes(model_dir: Path) -> dict[str | None, dict[str, tuple[int, ...]]]:
+    """``{module class or None: {tensor name: shape}}`` of the checkpoint in ``model_dir``."""
+    from fideval.formats.safetensors import folder_shapes
+    from fideval.quant.spec import module_class_of
+
+    by_class: dict[str | None, dict[str, tuple[int, ...]]] = {}
+    for name, (shape, _dtype) in folder_shapes(model_dir).items():
+        by_class.setdefault(module_class_of(name), {})[name] = tuple(shape)
+    return by_class
+
+
+def inspect_model(model_dir: Path, spec_text: str) -> dict:
+    """The per-class bits table of ``spec_text`` applied to the checkpoint in ``model_dir``."""
+    from fideval.formats.safetensors import DTYPE_BITS, FLOAT_DTYPES, folder_shapes
+    from fideval.quant.base import get_format
+    from fideval.quant.spec import check_spec_classes, compile_spec, is_quantized_tensor, module_class_of
+
+    compiled = compile_spec(spec_text)
+    tensors = folder_shapes(model_dir)
+    shapes: dict[str, dict[str, tuple[int, ...]]] = {}
+    present, dtype_count, quantized = set(), {}, []
+    for name, (shape, dtype) in sorted(tensors.items()):
+        cls = module_class_of(name) or "other"
+        shapes.setdefault(cls, {})[name] = shape
+        if cls != "other" and is_quantized_tensor(name, shape, dtype in FLOAT_DTYPES):
+            present.add(cls)
+            quantized.append((name, cls, shape))
+        dtype_count[dtype] = dtype_count.get(dtype, 0) + 1
+    check_spec_classes(spec_text, present)  # first: a class the model lacks is the bigger mistake
+    for name, cls, shape in quantized:  # then every block must divide its tensor (fail now, not mid-run)
+        m = compiled.modules.get(cls)
+        if m is not None:
+            try:
+                get_format(m.format).check_divides(shape, m.group)
+            except FidevalError as e:
+                raise FidevalError(f"{name}: {e.message}", hint=e.hint) from None
+    base = max(dtype_count, key=dtype_count.get)
+    table = compiled.bits(shapes, base_bits=DTYPE_BITS.get(base, 16))
+    table["base_dtype"] = base
+    table["classes_present"] = sorted(present)
+    return table
