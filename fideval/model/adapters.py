@@ -1,5 +1,5 @@
-"""Per-architecture knowledge: which transformers modules to build, how on-disk keys map to them, and
-which parameters are routed experts, shared experts, attention, dense MLP or the lm head.
+"""Per-architecture knowledge: which transformers modules to build and how on-disk keys map to them
+(which parameters are routed experts, attention, ... is :mod:`fideval.model.module_classes`).
 
 The decoder layers are transformers' own modules (the reference implementation), built on the meta
 device one at a time and filled with ``load_state_dict(assign=True)``. What an adapter adds is only
@@ -29,9 +29,8 @@ from dataclasses import dataclass
 import torch
 
 from fideval.errors import FidevalError
-from fideval.model.checkpoint import Checkpoint
-
-MODULE_CLASSES = ("routed_experts", "shared_experts", "attention", "dense_mlp", "lm_head")
+from fideval.model.checkpoint import WeightSource
+from fideval.model.module_classes import quantized_class
 
 # architectures[0] -> (transformers model package, class-name prefix, sliding window applies to all layers when set)
 ARCHS: dict[str, tuple[str, str, bool]] = {
@@ -50,24 +49,6 @@ _PER_EXPERT = {  # fused target -> on-disk per-expert names (HF layout, then Mix
 }
 
 
-def classify(name: str) -> str | None:
-    """Module class of a parameter (layer-relative or full key), or None for norms, biases, routers, embeddings.
-
-    Only weight matrices are quantizable: routers, norms, biases and attention sinks stay in full precision.
-    """
-    if name.endswith("lm_head.weight"):
-        return "lm_head"
-    if re.search(r"mlp\.experts\.(gate_up_proj|down_proj|up_proj)$", name):
-        return "routed_experts"
-    if re.search(r"mlp\.shared_experts?\.(gate|up|down)_proj\.weight$", name):
-        return "shared_experts"
-    if re.search(r"mlp\.(gate|up|down)_proj\.weight$", name):
-        return "dense_mlp"
-    if re.search(r"self_attn\.\w*(proj|proj_with_mqa)\.weight$", name):
-        return "attention"
-    return None
-
-
 def expert_range(rank: int, world: int, n_experts: int) -> tuple[int, int]:
     """DeepSeek's reference partition: rank r owns experts [r*E/N, (r+1)*E/N)."""
     if n_experts % world:
@@ -79,7 +60,7 @@ def expert_range(rank: int, world: int, n_experts: int) -> tuple[int, int]:
 
 @dataclass
 class Adapter:
-    ckpt: Checkpoint
+    ckpt: WeightSource
     arch: str
     config: object
     modeling: types.ModuleType
@@ -89,7 +70,7 @@ class Adapter:
 
     # -- construction ------------------------------------------------------------------------------
     @classmethod
-    def load(cls, ckpt: Checkpoint, attn_implementation: str | None = None) -> Adapter:
+    def load(cls, ckpt: WeightSource, attn_implementation: str | None = None) -> Adapter:
         cfg = ckpt.config_dict
         archs = cfg.get("architectures") or []
         arch = archs[0] if archs else None
@@ -104,7 +85,7 @@ class Adapter:
 
         package, prefix, sliding = ARCHS[arch]
         try:
-            config = AutoConfig.from_pretrained(str(getattr(ckpt, "config_dir", ckpt.dir)))  # a real build: the reference's
+            config = AutoConfig.from_pretrained(str(ckpt.config_dir))  # a real build: the reference's
         except Exception as e:  # transformers raises many types for a bad config
             raise FidevalError(f"{ckpt.dir / 'config.json'}: transformers cannot build the config ({type(e).__name__}: {str(e)[:120]})",
                                hint="check config.json") from None
@@ -276,7 +257,7 @@ class Adapter:
             target = torch.float32 if any(k in name for k in self.keep_fp32) else dtype
             if t.is_floating_point() and t.dtype != target:
                 t = t.to(target)
-            cls_ = classify(name)
+            cls_ = quantized_class(f"model.layers.{i}.{name}", t.shape, t.is_floating_point())
             if weight_transform is not None and cls_ is not None:
                 t = self.transform(weight_transform, cls_, f"model.layers.{i}.{name}", t, layer)
             tensors[name] = t

@@ -16,6 +16,7 @@ import os
 import threading
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Protocol, runtime_checkable
 
 import torch
 
@@ -62,6 +63,35 @@ def _parse_header(path: Path) -> dict[str, TensorInfo]:
     return out
 
 
+class TensorMeta(Protocol):
+    """What the runner needs to know about a tensor before reading it."""
+
+    shape: tuple[int, ...]
+    dtype: torch.dtype
+
+
+@runtime_checkable
+class WeightSource(Protocol):
+    """Where the runner's weights come from, tensor by tensor, under the reference model's Hugging Face names:
+    this module's :class:`Checkpoint` (the teacher and emulated candidates) or a real quantized build
+    (:class:`~fideval.model.quantized.QuantizedCheckpoint`, :class:`~fideval.model.quantized.GGUFCheckpoint`),
+    which decodes its tensors to floats on read. ``config_dict`` is the reference's config.json, read from
+    ``config_dir``; ``dir`` is what error messages name."""
+
+    dir: Path
+    config_dir: Path
+    config_dict: dict
+
+    def __contains__(self, key: str) -> bool: ...
+
+    def info(self, key: str) -> TensorMeta: ...
+
+    def read(self, key: str, rows: tuple[int, int] | None = None, pin: bool = False,
+             out: torch.Tensor | None = None) -> torch.Tensor:
+        """The tensor (or rows ``[lo, hi)`` of its first dimension), optionally into pinned memory or ``out``."""
+        ...
+
+
 PIECE = 64 << 20
 _POOL: tuple[int, object] | None = None
 
@@ -91,7 +121,7 @@ class Checkpoint:
     """The tensor directory of one checkpoint folder (``config.json`` + safetensors, single or sharded)."""
 
     def __init__(self, model_dir: str | os.PathLike):
-        self.dir = Path(model_dir)
+        self.dir = self.config_dir = Path(model_dir)
         cfg = self.dir / "config.json"
         if not cfg.is_file():
             raise FidevalError(f"{cfg} not found", hint="--model must be a Hugging Face checkpoint folder with config.json")

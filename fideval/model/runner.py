@@ -29,19 +29,12 @@ import torch
 from fideval.errors import FidevalError
 from fideval.model import determinism
 from fideval.model import experts as experts_path
-from fideval.model.adapters import MODULE_CLASSES, Adapter, classify, expert_range
+from fideval.model.adapters import Adapter, expert_range
 from fideval.model.checkpoint import Checkpoint
+from fideval.model.device import resolve_device
+from fideval.model.module_classes import MODULE_CLASSES, module_class_of
 
 DEFAULT_HOST_BUDGET = 4 << 30
-
-
-def resolve_device(device: str | torch.device) -> torch.device:
-    if str(device) == "auto":
-        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    dev = torch.device(device)
-    if dev.type == "cuda" and not torch.cuda.is_available():
-        raise FidevalError("--device cuda was asked for but torch sees no CUDA device", hint="use --device cpu or auto")
-    return dev
 
 
 class Ledger:
@@ -253,7 +246,7 @@ class Runner:
                 tensors = self.adapter.read_layer(i, layer, ex, pin=pin, device=self.device, side_stream=self.side)
                 mod = self.adapter.materialize(i, layer, tensors, self.dtype, ex, self.weight_transform)
                 del tensors
-                self._install_hooks(mod, ex)
+                self._install_hooks(mod, ex, i)
             mod.requires_grad_(False)
             if self.side is not None:
                 ev = torch.cuda.Event()
@@ -265,11 +258,11 @@ class Runner:
     def _to_dev(self, t: torch.Tensor) -> torch.Tensor:
         return t if self.device.type == "cpu" else t.to(self.device, non_blocking=True)
 
-    def _install_hooks(self, layer: torch.nn.Module, ex: tuple[int, int] | None) -> None:
+    def _install_hooks(self, layer: torch.nn.Module, ex: tuple[int, int] | None, i: int) -> None:
         """act_transform on inputs of attention / shared / dense linears, and the routed experts' wrapper."""
         for name, mod in layer.named_modules():
             if isinstance(mod, torch.nn.Linear):
-                cls_ = classify(name + ".weight")
+                cls_ = module_class_of(f"model.layers.{i}.{name}.weight")
                 fn = self.act_transform.get(cls_) if cls_ else None
                 if fn is not None:
                     mod.register_forward_pre_hook(lambda m, args, f=fn: (f(args[0]), *args[1:]))

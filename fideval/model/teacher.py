@@ -63,16 +63,15 @@ def run_teacher(model_dir, windows_dir, out, *, kinds=KINDS, device="auto", dtyp
                 model_revision=None, micro_batch: int = 1, domains: list[str] | None = None) -> dict:
     import torch
 
+    from fideval.model.device import resolve_device, resolve_dtype
     from fideval.model.parallel import init_from_env
-    from fideval.model.runner import Runner, resolve_device
+    from fideval.model.runner import Runner
     from fideval.progress import progress
     from fideval.store import StoreWriter
     from fideval.windows.layout import read_sequences
 
     model_dir, windows_dir, out = Path(model_dir), Path(windows_dir), Path(out)
-    dtypes = {"float32": torch.float32, "bfloat16": torch.bfloat16}
-    if dtype not in dtypes:
-        raise FidevalError(f"--dtype {dtype!r} is not one of {', '.join(dtypes)}")
+    resolve_dtype(dtype)  # a bad name fails before any file is read
     folders = sequence_folders(windows_dir, tuple(kinds))
     model_sha, win_sha = _tokenizer_shas(model_dir, windows_dir)
     if model_sha and win_sha and model_sha != win_sha:
@@ -80,7 +79,7 @@ def run_teacher(model_dir, windows_dir, out, *, kinds=KINDS, device="auto", dtyp
                            f"{model_dir / 'tokenizer.json'} is {model_sha[:12]}…", hint="rebuild the windows with this model's tokenizer")
     dev = resolve_device(device)
     rank, world, group = init_from_env(dev)
-    runner = Runner(model_dir, device=dev, dtype=dtypes[dtype], micro_batch=micro_batch, rank=rank, world=world, group=group)
+    runner = Runner(model_dir, device=dev, dtype=resolve_dtype(dtype), micro_batch=micro_batch, rank=rank, world=world, group=group)
     meta = {"model_id": model_id or model_dir.name, "model_revision": model_revision or "local",
             "tokenizer_sha256": win_sha or model_sha or "unknown", "vocab_size": runner.vocab_size, "kind": "logits",
             "teacher": {"runner": "fideval.model.runner", "arch": runner.adapter.arch, "dtype": dtype,

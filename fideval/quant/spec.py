@@ -5,8 +5,9 @@ A spec maps module classes -- ``routed_experts``, ``shared_experts``, ``attentio
 dict (the GPU machine has no pydantic), or a compact string for the CLI:
 ``"routed_experts=mxfp4:rceil,attention=fp8_block,dense_mlp=int4:asym/64"`` (``format[:recipe][/group]``).
 
-:func:`module_class_of` is THE mapping from parameter names to module classes; the runner and
-``fideval quant inspect`` both use it, so what is counted is what is quantized.
+:func:`module_class_of` (from :mod:`fideval.model.module_classes`, re-exported here) is THE mapping from
+parameter names to module classes; the runner and ``fideval quant inspect`` both use it, so what is counted
+is what is quantized.
 
 What gets quantized: floating tensors of rank >= 2 in a listed class (linear weights ``[out, in]`` and fused
 expert tensors ``[E, out, in]``, blocked along the last, input dim). Norms, biases and routers stay as
@@ -16,7 +17,6 @@ they are. Quantize-dequantize happens once per tensor, as the runner materialise
 from __future__ import annotations
 
 import math
-import re
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
@@ -24,37 +24,10 @@ from typing import Any
 import torch
 
 from fideval.errors import FidevalError
+from fideval.model.module_classes import MODULE_CLASSES, is_quantized_tensor, module_class_of
 
-MODULE_CLASSES = ("routed_experts", "shared_experts", "attention", "dense_mlp", "lm_head")
-_ROUTER = re.compile(r"\.mlp\.(gate|router|shared_expert_gate)\.|\.mlp\.gate\.e_score_correction_bias$")
-
-
-def module_class_of(name: str) -> str | None:
-    """Module class of a parameter name (HF naming), or None for what is never quantized here
-    (embeddings, norms outside attention, routers).
-
-    ``mlp.experts.`` -> routed_experts; ``mlp.shared_experts.`` / ``mlp.shared_expert.`` -> shared_experts;
-    ``self_attn.`` -> attention; other ``mlp.`` (a dense layer's MLP) -> dense_mlp; ``lm_head`` -> lm_head.
-    The router (``mlp.gate.``, ``mlp.router.``, ``mlp.shared_expert_gate.``) -> None."""
-    if name.startswith("lm_head.") or name == "lm_head":
-        return "lm_head"
-    if ".self_attn." in name:
-        return "attention"
-    if ".mlp." not in name:
-        return None
-    if _ROUTER.search(name):
-        return None
-    if ".mlp.experts." in name:
-        return "routed_experts"
-    if ".mlp.shared_experts." in name or ".mlp.shared_expert." in name:
-        return "shared_experts"
-    return "dense_mlp"
-
-
-def is_quantized_tensor(name: str, shape: Iterable[int], floating: bool = True) -> bool:
-    """Rank >= 2 floating tensors are quantized; norms and biases never are (gpt-oss's fused expert
-    biases ``gate_up_proj_bias`` are rank 2, hence the name test)."""
-    return floating and len(tuple(shape)) >= 2 and not name.endswith("bias")
+__all__ = ["MODULE_CLASSES", "CompiledSpec", "ModuleSpec", "check_spec_classes", "compile_spec", "is_quantized_tensor",
+           "module_class_of", "parse_spec", "resolve_spec"]
 
 
 @dataclass(frozen=True)
