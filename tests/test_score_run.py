@@ -15,9 +15,9 @@ from typer.testing import CliRunner
 
 from fideval.cli import app
 from fideval.errors import FidevalError
+from fideval.formats.records import COLUMNS
 from fideval.fsio import sha256_file
 from fideval.score import run as score_run
-from fideval.score.metrics import COLUMNS
 from fideval.store import StoreReader, StoreWriter
 
 VOCAB = 300
