@@ -12,10 +12,10 @@ from cli_runner import run_fideval
 from scipy.special import log_softmax, rel_entr
 
 from fideval.errors import FidevalError
+from fideval.formats.records import COLUMNS
 from fideval.fsio import sha256_file
 from fideval.score import run as score_run
 from fideval.score.candidate import Candidate, CandidateShard
-from fideval.score.metrics import COLUMNS
 from fideval.store import StoreReader, StoreWriter
 
 VOCAB = 300

@@ -15,14 +15,15 @@ from typing import Any
 import numpy as np
 
 from fideval.errors import FidevalError
+from fideval.formats import records as rec_format
+from fideval.formats.model import parse
+from fideval.formats.score import FILE as SCORE_FILE
+from fideval.formats.score import ScoreSummary
 from fideval.fsio import sha256_file
 
-SCORE_FORMAT, SCORE_VERSION = "fideval.score", 1
-FLOAT_COLUMNS = ("kld", "rkld", "nll_ref", "nll_cand", "dp", "entropy_ref", "p1_ref")
-BOOL_COLUMNS = ("top1", "top5", "top10", "ref_correct")
-STR_COLUMNS = ("candidate", "path", "seq_id", "window_id", "domain")
-INT_COLUMNS = ("length", "position", "token")
-COLUMNS = STR_COLUMNS + INT_COLUMNS + FLOAT_COLUMNS + BOOL_COLUMNS
+FLOAT_COLUMNS = rec_format.of_kind("float64")
+BOOL_COLUMNS = rec_format.of_kind("bool")
+COLUMNS = rec_format.NAMES
 
 
 @dataclass(frozen=True)
@@ -121,18 +122,9 @@ def load_records(folder: str | Path) -> list[RecordSet]:
         raise FidevalError(
             f"records folder {folder} does not exist", hint="pass the folder 'fideval score' wrote"
         )
-    score_path, rec_path = folder / "score.json", folder / "records.parquet"
-    score = read_json(score_path, "score.json")
-    if score.get("format") != SCORE_FORMAT:
-        raise FidevalError(f"{score_path}: format is {score.get('format')!r}, expected {SCORE_FORMAT!r}")
-    if score.get("version") != SCORE_VERSION:
-        raise FidevalError(
-            f"{score_path}: score format version {score.get('version')!r}, this fideval reads {SCORE_VERSION}",
-            hint="re-score with this fideval version",
-        )
-    for key in ("candidate", "path", "length"):
-        if key not in score:
-            raise FidevalError(f"{score_path}: missing key '{key}'")
+    score_path, rec_path = folder / SCORE_FILE, folder / rec_format.FILE
+    score = read_json(score_path, SCORE_FILE)
+    summary = parse(ScoreSummary, score, str(score_path))
     if not rec_path.exists():
         raise FidevalError(
             f"{rec_path} not found", hint="the scorer writes records.parquet beside score.json"
@@ -144,7 +136,7 @@ def load_records(folder: str | Path) -> list[RecordSet]:
             more = f" (and {len(missing) - 1} more)" if len(missing) > 1 else ""
             raise FidevalError(
                 f"{rec_path}: missing column '{missing[0]}'{more}",
-                hint="see the per-token records contract in docs/formats-report.md",
+                hint="see the per-token records contract in docs/formats-records.md",
             )
         df = pl.read_parquet(rec_path, columns=list(COLUMNS))
     except FidevalError:
@@ -173,9 +165,9 @@ def load_records(folder: str | Path) -> list[RecordSet]:
                 f"{first['seq_id']} position {first['position']})",
                 hint="re-score (the records contract has no non-finite rows)",
             )
-    checks = [("candidate", score["candidate"]), ("path", score["path"])]
-    if score["length"] is not None:
-        checks.append(("length", score["length"]))
+    checks = [("candidate", summary.candidate), ("path", summary.path)]
+    if summary.length is not None:
+        checks.append(("length", summary.length))
     for c, want in checks:
         vals = df[c].unique().to_list()
         if vals != [want]:
@@ -183,9 +175,9 @@ def load_records(folder: str | Path) -> list[RecordSet]:
                 f"{rec_path}: column '{c}' holds {sorted(map(str, vals))[:3]}, score.json says {want!r}",
                 hint="one records folder holds one candidate and path",
             )
-    if score.get("rows") is not None and int(score["rows"]) != df.height:
+    if summary.rows is not None and summary.rows != df.height:
         raise FidevalError(
-            f"{rec_path}: {df.height} rows, score.json says {score['rows']}", hint="re-run 'fideval score'"
+            f"{rec_path}: {df.height} rows, score.json says {summary.rows}", hint="re-run 'fideval score'"
         )
     rec_sha, score_sha = sha256_file(rec_path), sha256_file(score_path)
     out = []
@@ -198,8 +190,8 @@ def load_records(folder: str | Path) -> list[RecordSet]:
         part = Part(folder=str(folder), score=score, records_sha256=rec_sha, score_sha256=score_sha)
         out.append(
             RecordSet(
-                candidate=str(score["candidate"]),
-                path=str(score["path"]),
+                candidate=summary.candidate,
+                path=summary.path,
                 length=int(length),
                 parts=[part],
                 cols=cols,

@@ -44,16 +44,6 @@ TOPK = (1, 5, 10)
 REL_FLOOR = {"kld": 1e-2, "rkld": 1e-2, "nll_ref": 1e-2, "nll_cand": 1e-2, "dp": 1e-2,
              "entropy_ref": 1e-2, "p1_ref": 1e-2}
 
-# Columns of records.parquet, in order (format "fideval.records" v1; docs/formats-records.md).
-COLUMNS = (
-    ("candidate", "string"), ("path", "string"), ("length", "int32"), ("seq_id", "string"),
-    ("window_id", "string"), ("domain", "string"), ("position", "int32"), ("token", "int32"),
-    ("kld", "float64"), ("rkld", "float64"), ("top1", "bool"), ("top5", "bool"), ("top10", "bool"),
-    ("nll_ref", "float64"), ("nll_cand", "float64"), ("dp", "float64"), ("entropy_ref", "float64"),
-    ("p1_ref", "float64"), ("ref_correct", "bool"),
-)
-
-
 def rel_diff(x: np.ndarray, ref: np.ndarray, floor: float) -> np.ndarray:
     """``|x - ref| / max(|ref|, floor)``, elementwise; 0 where both are equal (inf == inf), inf where
     exactly one is non-finite or they disagree in sign of infinity."""

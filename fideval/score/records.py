@@ -2,7 +2,7 @@
 per shard, written through a temp file renamed into place only when the whole run succeeded.
 
 The stats stage reads nothing else, so every column a report needs is here, named in
-:data:`fideval.score.metrics.COLUMNS` and documented in ``docs/formats-records.md``.
+:data:`fideval.formats.records.COLUMNS` and documented in ``docs/formats-records.md``.
 """
 
 from __future__ import annotations
@@ -12,20 +12,9 @@ from typing import Any
 
 import numpy as np
 
+from fideval.formats.records import COLUMNS, FILE, arrow_schema
 from fideval.fsio import atomic_path
-from fideval.score.metrics import COLUMNS, FIGURES, FLAGS
-
-FORMAT = "fideval.records"
-VERSION = "1"
-FILE = "records.parquet"
-
-
-def schema() -> Any:
-    import pyarrow as pa
-
-    types = {"string": pa.string(), "int32": pa.int32(), "float64": pa.float64(), "bool": pa.bool_()}
-    return pa.schema([pa.field(name, types[kind], nullable=False) for name, kind in COLUMNS],
-                     metadata={"format": FORMAT, "version": VERSION})
+from fideval.score.metrics import FIGURES, FLAGS
 
 
 class RecordsWriter:
@@ -42,7 +31,7 @@ class RecordsWriter:
 
         self._ctx = atomic_path(self.path)
         tmp = self._ctx.__enter__()
-        self._schema = schema()
+        self._schema = arrow_schema()
         self._writer = pq.ParquetWriter(str(tmp), self._schema, compression="zstd")
         return self
 

@@ -26,15 +26,15 @@ import torch
 
 from fideval.errors import FidevalError
 from fideval.formats.ids import window_of
+from fideval.formats.model import dump
+from fideval.formats.records import FILE as RECORDS_FILE
+from fideval.formats.score import CpuCheck, ScoreSummary, SelfCheck, TeacherRef
 from fideval.fsio import sha256_file, write_json
 from fideval.progress import progress
 from fideval.score import reference, torch_kernel
 from fideval.score.candidate import Candidate, CandidateShard, teacher_shards
 from fideval.score.metrics import FIGURES, max_rel_diff
 from fideval.score.records import RecordsWriter
-
-SCORE_FORMAT = "fideval.score"
-SCORE_VERSION = 1
 
 
 @dataclass(frozen=True)
@@ -215,11 +215,11 @@ class _Run:
                     length=length, positions=positions[keep], tokens=targets_np[keep], figs=figs[keep], flags=flags[keep])
 
 
-def _teacher_block(teacher: Any, store: str | None) -> dict[str, Any]:
+def _teacher_block(teacher: Any, store: str | None) -> TeacherRef:
     man = Path(teacher.root) / "manifest.json"
-    return {"store": str(store if store is not None else teacher.root), "model_id": teacher.meta.get("model_id"),
-            "model_revision": teacher.meta.get("model_revision"),
-            "manifest_sha256": sha256_file(man) if man.exists() else None}
+    return TeacherRef(store=str(store if store is not None else teacher.root), model_id=teacher.meta.get("model_id"),
+                      model_revision=teacher.meta.get("model_revision"),
+                      manifest_sha256=sha256_file(man) if man.exists() else None)
 
 
 def self_check(teacher: Any, *, device: str = "auto", kernel: str = "auto", seq_ids: list[str] | None = None
@@ -281,21 +281,19 @@ def score_candidate(teacher: Any, candidate: Candidate, out_dir: str | Path, set
     finally:
         if feed is not None:
             feed.close()
-    summary = {
-        "format": SCORE_FORMAT, "version": SCORE_VERSION, "candidate": candidate.name, "path": candidate.path,
-        "length": next(iter(run.lengths)) if len(run.lengths) == 1 else None, "rows": run.rows,
-        "teacher": _teacher_block(teacher, teacher_spec),
-        "cpu_check": {"rows_checked": run.checked, "max_rel_diff": run.worst, "tolerance": cpu_check_tolerance,
-                      "every": cpu_check_every, "worst": run.worst_at or None},
-        "self_check": checked_self, "nonfinite_rows": run.nonfinite, "on_nonfinite": on_nonfinite,
-        "device": torch.cuda.get_device_name(dev) if dev.type == "cuda" else "cpu", "kernel": kernel,
-        "figures": list(FIGURES), "records": "records.parquet", "candidate_info": candidate.info,
-    }
     try:
         from fideval.provenance import tool_block
 
-        summary["tool"] = tool_block()
+        tool = tool_block()
     except Exception:  # pragma: no cover - provenance needs git; never fail a finished run on it
-        summary["tool"] = None
+        tool = None
+    summary = dump(ScoreSummary(
+        candidate=candidate.name, path=candidate.path, length=next(iter(run.lengths)) if len(run.lengths) == 1 else None,
+        rows=run.rows, teacher=_teacher_block(teacher, teacher_spec),
+        cpu_check=CpuCheck(rows_checked=run.checked, max_rel_diff=run.worst, tolerance=cpu_check_tolerance,
+                           every=cpu_check_every, worst=run.worst_at or None),
+        self_check=SelfCheck(**checked_self) if checked_self is not None else None, nonfinite_rows=run.nonfinite,
+        on_nonfinite=on_nonfinite, device=torch.cuda.get_device_name(dev) if dev.type == "cuda" else "cpu",
+        kernel=kernel, figures=list(FIGURES), records=RECORDS_FILE, candidate_info=candidate.info, tool=tool))
     write_json(out_dir / "score.json", summary)
     return summary

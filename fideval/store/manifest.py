@@ -12,25 +12,24 @@ written or read, so the GPU side needs nothing beyond numpy/torch/safetensors to
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
-import re
+import typing
 from pathlib import Path
 from typing import Any
 
 from fideval.errors import FidevalError
+from fideval.formats.model import dump, parse
+from fideval.formats.store import MANIFEST, ShardEntry, StoreManifest
 from fideval.fsio import write_json
 
-FORMAT = "fideval.store"
-VERSION = "1"
-MANIFEST = "manifest.json"
+FORMAT, VERSION = StoreManifest.FORMAT, StoreManifest.VERSION
 INDEX = "index.parquet"
 ENTRY_SUFFIX = ".entry.json"
 MAX_MANIFEST = 256 << 20
 META_REQUIRED = ("model_id", "model_revision", "tokenizer_sha256", "vocab_size", "kind")
-ENTRY_KEYS = {"file": str, "sha256": str, "bytes": int, "rows": int, "tokens": int, "row_start": int,
-              "window_id": str, "domain": str}
-_HEX64 = re.compile(r"[0-9a-f]{64}")
+ENTRY_KEYS = {f.name: typing.get_type_hints(ShardEntry)[f.name] for f in dataclasses.fields(ShardEntry)}
 
 
 def normalize_meta(meta: dict[str, Any]) -> dict[str, str]:
@@ -52,15 +51,8 @@ def normalize_meta(meta: dict[str, Any]) -> dict[str, str]:
 
 
 def check_entry(seq_id: str, entry: Any, where: str) -> dict[str, Any]:
-    if not isinstance(entry, dict):
-        raise FidevalError(f"{where}: entry for {seq_id!r} is not an object", hint="rebuild or re-download the store")
-    for key, typ in ENTRY_KEYS.items():
-        v = entry.get(key)
-        if not isinstance(v, typ) or (typ is int and (isinstance(v, bool) or v < 0)):
-            raise FidevalError(f"{where}: entry for {seq_id!r} has bad {key!r} ({v!r})", hint="rebuild or re-download the store")
-    if not _HEX64.fullmatch(entry["sha256"]):
-        raise FidevalError(f"{where}: entry for {seq_id!r} has a malformed sha256", hint="rebuild or re-download the store")
-    return entry
+    """A shard entry checked against :class:`ShardEntry` (types, sizes >= 0, a 64-hex SHA-256), as a dict."""
+    return dump(parse(ShardEntry, entry, where, f"shards.{seq_id}"))
 
 
 def _read_json(path: Path, limit: int) -> Any:
@@ -77,28 +69,25 @@ def _read_json(path: Path, limit: int) -> Any:
         raise FidevalError(f"cannot read {path} ({e.strerror})") from None
 
 
-def load_manifest(root: Path) -> dict[str, Any]:
-    """Read and check ``manifest.json``: format, version, meta and every shard entry's types."""
+def read_manifest(root: Path) -> StoreManifest:
+    """``manifest.json`` as a :class:`StoreManifest`: format, version, meta and every shard entry checked."""
     path = Path(root) / MANIFEST
-    m = _read_json(path, MAX_MANIFEST)
-    if not isinstance(m, dict) or m.get("format") != FORMAT:
-        raise FidevalError(f"{path} is not a fideval store manifest (format {m.get('format') if isinstance(m, dict) else None!r})")
-    if m.get("version") != VERSION:
-        raise FidevalError(f"{path} has store version {m.get('version')!r}, this fideval reads {VERSION}",
-                           hint="use the fideval version that wrote it")
-    if not isinstance(m.get("meta"), dict) or not isinstance(m.get("shards"), dict):
-        raise FidevalError(f"{path} lacks 'meta' or 'shards'", hint="rebuild or re-download the store")
+    m = parse(StoreManifest, _read_json(path, MAX_MANIFEST), str(path))
     try:
-        m["meta"] = normalize_meta(m["meta"])
+        meta = normalize_meta(m.meta)
     except FidevalError as e:
         raise FidevalError(f"{path}: {e.message}", hint="rebuild or re-download the store") from None
-    for sid, e in m["shards"].items():
-        check_entry(sid, e, str(path))
-    return m
+    return dataclasses.replace(m, meta=meta)
+
+
+def load_manifest(root: Path) -> dict[str, Any]:
+    """:func:`read_manifest` as plain dicts, the form the store's reader and writer index into."""
+    return dump(read_manifest(root))
 
 
 def manifest_dict(meta: dict[str, str], shards: dict[str, dict[str, Any]]) -> dict[str, Any]:
-    return {"format": FORMAT, "version": VERSION, "meta": meta, "shards": dict(sorted(shards.items()))}
+    entries = {sid: ShardEntry(**{k: e[k] for k in ENTRY_KEYS}) for sid, e in sorted(shards.items())}
+    return dump(StoreManifest(meta=meta, shards=entries))
 
 
 def entry_path(root: Path, seq_id: str) -> Path:

@@ -1,0 +1,74 @@
+"""``score.json`` (format ``fideval.score`` v1): what one ``fideval score`` run scored, against what, and how
+well its fast kernel agreed with the float64 reference. Written by ``fideval.score.run``, read by the report.
+
+Only ``candidate``, ``path`` and ``length`` are required of a reader's input: records folders written by
+hand or by the synthetic builders carry no more, and the report needs no more to trust the records.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from fideval.formats.model import Model, key
+
+FILE = "score.json"
+
+
+@dataclass(frozen=True, kw_only=True)
+class TeacherRef(Model):
+    store: str = key("the teacher store as given (a folder or hf://... reference)")
+    model_id: str | None = key("the teacher's model id, from its manifest", default=None)
+    model_revision: str | None = key("the teacher's model revision, from its manifest", default=None)
+    manifest_sha256: str | None = key("SHA-256 of the teacher's manifest.json (null if it has none)", default=None)
+
+
+@dataclass(frozen=True, kw_only=True)
+class CpuCheck(Model):
+    rows_checked: int = key("rows re-scored by the numpy float64 reference")
+    max_rel_diff: float = key("largest |x - r| / max(|r|, 0.01) over those rows and the seven figures")
+    tolerance: float = key("above this the run fails and writes nothing (config score.cpu_check_tolerance)")
+    every: int | None = key("rows whose run-wide index is a multiple of this are checked, plus each shard's "
+                            "first and last", default=None)
+    worst: str | None = key("where max_rel_diff was found, e.g. 'rkld in shard code-000.c1'", default=None)
+
+
+@dataclass(frozen=True, kw_only=True)
+class SelfCheck(Model):
+    max_kld: float = key("largest |KLD| of the teacher scored against itself (must be exactly 0)")
+    top1: float = key("top-1 agreement of the teacher with itself (must be exactly 1)")
+    rows: int | None = key("rows scored", default=None)
+
+
+@dataclass(frozen=True, kw_only=True)
+class ScoreSummary(Model):
+    FORMAT = "fideval.score"
+    VERSION = 1
+    KIND = "score format"
+    HINT = "re-score with this fideval version"
+
+    format: str = key("`fideval.score`", default=FORMAT)
+    version: int = key("`1`", default=VERSION)
+    candidate: str = key("candidate name, as in the records' `candidate` column")
+    path: str = key("`serving`, `weights-only` or `store`, as in the records' `path` column")
+    length: int | None = key("the common sequence length, or null when the run mixes lengths")
+    rows: int | None = key("records rows written (non-finite rows skipped are not counted)", default=None)
+    teacher: TeacherRef | None = key("the teacher store scored against", default=None)
+    cpu_check: CpuCheck | None = key("the float64 reference's check of the fast kernel", default=None)
+    self_check: SelfCheck | None = key("the teacher against itself, when `--self-check` ran", default=None)
+    nonfinite_rows: int | None = key("rows left out as non-finite (`--on-nonfinite skip`)", default=None)
+    on_nonfinite: str | None = key("`fail` or `skip`", default=None)
+    device: str | None = key("`cpu` or the GPU's name", default=None)
+    kernel: str | None = key("`triton` or `torch`", default=None)
+    figures: list[str] | None = key("the float figures of each row, in the scorer's order", default=None)
+    records: str | None = key("the records file beside this one, `records.parquet`", default=None)
+    candidate_info: dict[str, Any] | None = key("how the candidate was made (null for a candidate store)",
+                                                default=None)
+    tool: dict[str, Any] | None = key("fideval's name, version, git commit and Python", default=None)
+
+    def problem(self) -> str | None:
+        if self.length is not None and self.length < 1:
+            return f"length {self.length} is not a positive integer"
+        if self.rows is not None and self.rows < 0:
+            return f"rows {self.rows} is negative"
+        return None

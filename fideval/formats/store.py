@@ -1,0 +1,52 @@
+"""A logit store's ``manifest.json`` (format ``fideval.store`` v1) and its per-shard entries.
+
+The entry model serves three files: the manifest's ``shards``, the sidecars ``shards/<seq_id>.entry.json``
+written while a teacher run is in progress (an entry plus ``mtime_ns``), and the rows of ``index.parquet``.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+from typing import Any
+
+from fideval.formats.model import Model, key
+
+MANIFEST = "manifest.json"
+_HEX64 = re.compile(r"[0-9a-f]{64}")
+
+
+@dataclass(frozen=True, kw_only=True)
+class ShardEntry(Model):
+    HINT = "rebuild or re-download the store"
+
+    file: str = key("the shard's path relative to the store, `shards/<seq_id>.safetensors`")
+    sha256: str = key("SHA-256 of the shard file (64 lower-case hex digits)")
+    bytes: int = key("the shard file's size")
+    rows: int = key("logit rows in the shard")
+    tokens: int = key("token ids in the shard (the sequence's length L)")
+    row_start: int = key("the position row 0 predicts from: 0 for a fideval teacher, n_ctx/2 for a llama.cpp import")
+    window_id: str = key("the window the sequence belongs to")
+    domain: str = key("the window's domain")
+
+    def problem(self) -> str | None:
+        for name in ("bytes", "rows", "tokens", "row_start"):
+            if getattr(self, name) < 0:
+                return f"'{name}' is negative ({getattr(self, name)})"
+        if not _HEX64.fullmatch(self.sha256):
+            return "'sha256' is not 64 lower-case hex digits"
+        return None
+
+
+@dataclass(frozen=True, kw_only=True)
+class StoreManifest(Model):
+    FORMAT = "fideval.store"
+    VERSION = "1"
+    KIND = "store"
+    HINT = "rebuild or re-download the store"
+
+    format: str = key("`fideval.store`", default=FORMAT)
+    version: str = key("`\"1\"` (a string)", default=VERSION)
+    meta: dict[str, Any] = key("the store's identity, every value a string: `model_id`, `model_revision`, "
+                               "`tokenizer_sha256`, `vocab_size`, `kind` and more (below)")
+    shards: dict[str, ShardEntry] = key("one entry per shard, keyed by sequence id (sorted)")
