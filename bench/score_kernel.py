@@ -30,29 +30,11 @@ from fideval.score.metrics import max_rel_diff  # noqa: E402
 from cuda_timing import clock_note, sustained, timed  # noqa: E402  (bench/, beside this file)
 
 
-KEYS = ("chunk", "num_warps", "fast_exp", "lean", "cvt", "ldc", "compact", "combine_warps", "rank_in_combine",
-        "stream", "tile_rows", "asm", "vec", "stages", "maxnreg")
-
-
 def parse_config(cfg: str) -> dict:
-    """A configuration -> keyword arguments of ``triton_kernel.score_rows``: ``default`` (its defaults),
-    ``key=value/key=value`` (any of its keywords, the rest at their defaults, e.g. ``red=0/unroll=0``), or the
-    older positional form ``chunk:num_warps:exp[:lean[:cvt[:ldc[:compact[:combine_warps[:rank_in_combine[:stream
-    [:rows[:asm[:vec[:stages[:maxnreg]]]]]]]]]]]]]`` (missing fields: lean, cvt, ldc, compact 0, combine_warps 4,
-    rank_in_combine, stream 0, rows 2, asm 1, vec 2, stages, maxnreg 0)."""
-    if cfg == "default":
-        return {}
-    if "=" in cfg:
-        return {k: int(v) for k, v in (kv.split("=") for kv in cfg.split("/"))}
-    f = [int(v) for v in cfg.split(":")]
-    f += [0] * (7 - len(f))
-    f += [4] if len(f) < 8 else []
-    f += [0] * (10 - len(f))
-    f += [2] if len(f) < 11 else []
-    f += [1] if len(f) < 12 else []
-    f += [2] if len(f) < 13 else []
-    f += [0] * (15 - len(f))
-    return dict(zip(KEYS, f))
+    """The one configuration the scorer has: ``default`` (score_rows takes no tuning keywords since issue 22)."""
+    if cfg != "default":
+        raise SystemExit(f"score_rows has one configuration, 'default', not {cfg!r}")
+    return {}
 
 
 def plain_torch(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
@@ -75,12 +57,7 @@ def main() -> None:
     ap.add_argument("--sustained", type=float, default=2.0,
                     help="seconds of back-to-back calls for the sustained rows (copy and the best configuration), "
                          "with the SM clock and board power sampled by nvidia-smi; 0: none")
-    ap.add_argument("--configs", default="default,pair=0,fast_exp=10,stream=0",
-                    help="'default' (score_rows' defaults), key=value/key=value, or chunk:num_warps:exp[:lean[:cvt[:ldc...]]] (see parse_config; exp 0 = libdevice, 1 = FMA Taylor, 2 = select-tree "
-                    "table + FMA, 3 = degree-10 + exponent bits, 4/5/6 = gathered 2**(j/N) table with N 256/64/2048; "
-                    "lean G >= 1 = the lean partials kernel, G chunks per program; cvt 1 = float32->float64 by integer "
-                    "bit operations; ldc 1 = logits loaded with .cg, past L1; compact 1 = the compact partials kernel "
-                    "(one max/min reduction, -inf tests only where a chunk holds -inf, argmax rescanned by the combine))")
+    ap.add_argument("--configs", default="default", help="'default': the one kernel (kept for the table's rows)")
     args = ap.parse_args()
     n, V = args.rows, args.vocab
     dev = torch.device("cuda")
@@ -125,8 +102,7 @@ def main() -> None:
         err, where = max_rel_diff(f_np[sample], fl_np[sample], ref_figs, ref_flags)
         selff, selffl, _ = triton_kernel.score_rows(a, a, t, **kw)
         exact = bool((selff[:, 0] == 0).all().item() and selffl[:, 0].all().item())
-        k = triton_kernel.last_partials_kernel()
-        res = f"; {k.n_regs} regs, {k.n_spills} spills" if k is not None and hasattr(k, "n_regs") else ""
+        res = ""
         info[cfg] = (err, f"worst {where or '-'}; self-check exact {exact}; compile {compile_s:.1f}s{res}", exact)
     for _ in range(args.rounds):  # the timings, round-robin over the configurations: drifting clocks hit all alike
         for cfg in cfgs:
