@@ -72,7 +72,8 @@ def atomic_open(path: str | os.PathLike, mode: str = "wb") -> Iterator[BinaryIO]
     try:
         fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
     except OSError as e:
-        raise FidevalError(f"cannot write in {path.parent}: {e.strerror}", hint="check permissions or choose another output folder") from None
+        raise FidevalError(f"cannot write in {path.parent}: {e.strerror}",
+                           hint="check permissions or choose another output folder") from None
     try:
         with os.fdopen(fd, mode) as f:
             yield f

@@ -2,8 +2,6 @@
 
 import multiprocessing as mp
 import os
-import time
-from pathlib import Path
 
 import pytest
 

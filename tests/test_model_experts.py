@@ -6,11 +6,11 @@ tiny MoE checkpoints (random routing, repeated experts, experts that receive no 
 
 from __future__ import annotations
 
+import model_fixtures as mf
 import pytest
 import torch
 from transformers.integrations.moe import grouped_mm_experts_forward
 
-import model_fixtures as mf
 from fideval.model import experts
 
 

@@ -172,7 +172,10 @@ def test_gguf_file_decode_and_bits(tmp_path):
     for name, qtype, val in iter_gguf_tensors(p):
         a, qt = t[name]
         assert qtype == qt.name and tuple(val.shape) == a.shape
-        want = a.astype(np.float16).astype(np.float32) if qt == T.F16 else (a if qt == T.F32 else quants.dequantize(quants.quantize(a, qt), qt))
+        if qt == T.F16:
+            want = a.astype(np.float16).astype(np.float32)
+        else:
+            want = a if qt == T.F32 else quants.dequantize(quants.quantize(a, qt), qt)
         assert np.array_equal(val.numpy(), want)
         seen[name] = qtype
     assert set(seen) == set(t)

@@ -13,9 +13,9 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
+from model_fixtures import build, tokens
 from safetensors.torch import load_file
 
-from model_fixtures import build, tokens
 from fideval.errors import FidevalError
 from fideval.model.quantized import GGUFCheckpoint
 from fideval.model.runner import Runner

@@ -17,9 +17,9 @@ from pathlib import Path
 
 import pytest
 import torch
+from model_fixtures import build, configs, tokens
 from safetensors.torch import load_file, save_file
 
-from model_fixtures import build, configs, tokens
 from fideval.errors import FidevalError
 from fideval.model.quantized import QuantizedCheckpoint
 from fideval.model.runner import Runner

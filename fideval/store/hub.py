@@ -53,7 +53,8 @@ def resolve_store(spec: str | Path, *, cache_dir: str | Path | None = None, loca
         raise FidevalError(f"{spec}: revision {revision!r} does not exist in dataset {repo_id}",
                            hint="check the revision (a commit hash, tag or branch)") from None
     except RepositoryNotFoundError:
-        raise FidevalError(f"{spec}: dataset {repo_id} not found (or private)", hint="check the name; log in with 'hf auth login'") from None
+        raise FidevalError(f"{spec}: dataset {repo_id} not found (or private)",
+                           hint="check the name; log in with 'hf auth login'") from None
     except LocalEntryNotFoundError:
         raise FidevalError(f"{spec}: revision {revision!r} of {repo_id} is not in the local Hub cache and the Hub is not reachable",
                            hint="download it once online, or unset HF_HUB_OFFLINE") from None

@@ -28,9 +28,10 @@ import tempfile
 import time
 from pathlib import Path
 
+from build_tokenizer import document_text, read_domain  # tools/demo/build_tokenizer.py, beside this file
+
 from fideval import fsio
 from fideval.demo import DOMAINS, MODEL_DIR
-from build_tokenizer import document_text, read_domain  # tools/demo/build_tokenizer.py, beside this file
 
 SEED = 1234
 STEPS = 1800
