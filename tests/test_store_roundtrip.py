@@ -11,6 +11,7 @@ import numpy as np
 import pytest
 import torch
 from cli_runner import run_fideval
+from faults_fixtures import flip_byte
 from safetensors import safe_open
 
 from fideval.errors import FidevalError
@@ -43,14 +44,6 @@ def _write(root: Path, data, finish=True) -> StoreWriter:
         w.finish()
     return w
 
-
-
-def _flip(path: Path, offset: int) -> None:
-    with open(path, "r+b") as f:
-        f.seek(offset)
-        b = f.read(1)
-        f.seek(offset)
-        f.write(bytes([b[0] ^ 0x01]))
 
 
 def test_roundtrip_bit_identical(tmp_path):
@@ -101,7 +94,7 @@ def test_corruption_caught_by_verify_and_read(tmp_path, damage):
     sid = sorted(data)[2]
     path = tmp_path / "s" / "shards" / f"{sid}.safetensors"
     if damage == "flip":
-        _flip(path, path.stat().st_size - 100)  # inside the logits
+        flip_byte(path, path.stat().st_size - 100)  # inside the logits
     else:
         os.truncate(path, path.stat().st_size - 7)
     out = run_fideval("verify", str(tmp_path / "s"))
@@ -162,7 +155,7 @@ def test_resume_skips_verified_and_rewrites_corrupt(tmp_path):
     assert not (root / "manifest.json").exists()
     ids = sorted(data)
     mtimes = {s: (root / "shards" / f"{s}.safetensors").stat().st_mtime_ns for s in ids}
-    _flip(root / "shards" / f"{ids[1]}.safetensors", 200)  # damaged after it was written
+    flip_byte(root / "shards" / f"{ids[1]}.safetensors", 200)  # damaged after it was written
     (root / "shards" / f".{ids[2]}.safetensors.x1y2.tmp").write_bytes(b"partial")  # a write that was killed
     w = StoreWriter(root, META)
     assert not list((root / "shards").glob("*.tmp"))
@@ -175,7 +168,7 @@ def test_resume_skips_verified_and_rewrites_corrupt(tmp_path):
     for sid in ids:
         assert r.read(sid)[0].tobytes() == data[sid][0].tobytes()
     # resuming a finished store (no sidecars) re-hashes against the manifest and still catches a bad shard
-    _flip(root / "shards" / f"{ids[0]}.safetensors", 300)
+    flip_byte(root / "shards" / f"{ids[0]}.safetensors", 300)
     w2 = StoreWriter(root, META)
     assert not w2.done(ids[0]) and w2.done(ids[1])
     # another teacher may not be mixed in
