@@ -8,6 +8,7 @@ forward pre-hooks, by module class (:mod:`fideval.model.module_classes`), on ful
 
 from __future__ import annotations
 
+import time
 from collections.abc import Callable
 
 import torch
@@ -73,6 +74,17 @@ def install(layer: torch.nn.Module, i: int, act_transform: dict[str, Callable], 
         return out
 
     experts.forward = forward
+
+
+def warm_experts(config, device: torch.device, dtype: torch.dtype, stats: dict) -> None:
+    """On CUDA, compile fideval.model.experts' Triton kernels before the first MoE block, so that no block pays
+    a just-in-time compile; the wall time is ``stats["warmup_s"]`` (part of the run's ``wall_s``)."""
+    k = getattr(config, "num_experts_per_tok", None)
+    if not (k and device.type == "cuda"):
+        return
+    t0 = time.perf_counter()
+    experts_path.warmup(device, dtype, int(k), int(config.hidden_size))
+    stats["warmup_s"] = stats.get("warmup_s", 0.0) + time.perf_counter() - t0
 
 
 class Canary:

@@ -27,9 +27,8 @@ import torch
 
 from fideval.errors import FidevalError
 from fideval.model import determinism, hooks, parallel, profile
-from fideval.model import experts as experts_path
 from fideval.model.adapters import Adapter, expert_range
-from fideval.model.checkpoint import Checkpoint, WeightSource
+from fideval.model.checkpoint import WeightSource, open_weights
 from fideval.model.device import resolve_device
 from fideval.model.prefetch import Ledger, Prefetch
 from fideval.model.throughput import MlpBlocks
@@ -39,8 +38,9 @@ DEFAULT_HOST_BUDGET = 4 << 30
 
 @dataclass(frozen=True)
 class RunnerOptions:
-    """How a run computes; the settings that shape the bits are ``dtype``, ``micro_batch``, the transforms,
-    ``mlp_tokens`` and ``lean_experts`` (the rest move time and memory, never a bit).
+    """How a run computes. Budgets, ``prefetch`` and ``profile`` move time and memory, not bits (except that
+    with ``mlp_tokens`` a token block never spans chunks, so ``host_budget_bytes`` bounds the blocks); every
+    other field shapes the bits.
 
     ``weight_transform(module_class, name, tensor) -> tensor``, once per tensor as a layer is materialised;
     ``act_transform``: module class -> fn on that class's input activations (docs/runner.md);
@@ -65,11 +65,6 @@ class RunnerOptions:
     profile: bool = False
 
 
-def weight_source(weights: WeightSource | str | Path) -> WeightSource:
-    """``weights`` itself, or the safetensors checkpoint in the folder it names."""
-    return Checkpoint(weights) if isinstance(weights, (str, Path)) else weights
-
-
 class Runner:
     """One model, one device, optionally one rank of an N-way model-parallel group (see parallel.py).
 
@@ -82,7 +77,7 @@ class Runner:
         self.options = opts = options or RunnerOptions()
         self.device = resolve_device(opts.device)
         self.dtype = opts.dtype
-        self.ckpt = weight_source(weights)
+        self.ckpt = open_weights(weights)
         self.adapter = Adapter.load(self.ckpt, opts.attn_implementation)
         if opts.experts_implementation:
             self.adapter.config._experts_implementation = opts.experts_implementation
@@ -235,7 +230,10 @@ class Runner:
         on_dev = dev.type == "cpu" or n_tok * H * torch.empty((), dtype=self.dtype).element_size() <= (self.device_budget or 0)
         try:
             with torch.no_grad(), self._attn_backends():
-                self._warm_up()
+                if not self._warmed:  # once per runner, while the prefetch thread loads the first units
+                    self._warmed = True
+                    if self.experts and self._lean_path():
+                        hooks.warm_experts(self.adapter.config, self.device, self.dtype, self.stats)
                 emb = pf.get()
                 states: list[torch.Tensor | None] = []
                 for mb in mbs:
@@ -296,20 +294,6 @@ class Runner:
         """Whether routed experts modules take fideval.model.experts (those it supports): one rank, grouped_mm."""
         return (self.options.lean_experts and self.world == 1
                 and getattr(self.adapter.config, "_experts_implementation", None) == "grouped_mm")
-
-    def _warm_up(self) -> None:
-        """Once per runner, while the prefetch thread loads the first units: compile the routed experts' Triton
-        kernels (experts.warmup), so that no MoE block pays a just-in-time compile. Its wall time is
-        ``stats["warmup_s"]`` (part of ``wall_s``)."""
-        if self._warmed:
-            return
-        self._warmed = True
-        k = getattr(self.adapter.config, "num_experts_per_tok", None)
-        if not (self.experts and k and self.device.type == "cuda" and self._lean_path()):
-            return
-        t0 = time.perf_counter()
-        experts_path.warmup(self.device, self.dtype, int(k), int(self.adapter.config.hidden_size))
-        self.stats["warmup_s"] = self.stats.get("warmup_s", 0.0) + time.perf_counter() - t0
 
     def _attn_backends(self):
         """On CUDA, let sdpa try cuDNN first: MLA's q/k head dim (192) differs from v's (128), which rules out
