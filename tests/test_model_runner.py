@@ -163,3 +163,40 @@ def test_cuda_warm_up_runs_once_per_mlp_kind_and_changes_no_bit(tmp_path):
     ref = mf.reference_logits(folder, toks)
     for k, v in got.items():
         assert float((v - ref[k]).abs().max()) < 1e-4
+
+
+def test_weights_come_only_through_the_weight_source(tmp_path):
+    """Any WeightSource stands in for a checkpoint folder: the runner reads every tensor through it, and the
+    logits are the folder's, bit for bit."""
+    from fideval.model.checkpoint import Checkpoint, WeightSource
+
+    folder = mf.build("qwen3_moe", tmp_path / "m")
+    ck = Checkpoint(folder)
+    read: list[str] = []
+
+    class Source:  # not a Checkpoint: only the protocol's members
+        dir, config_dir, config_dict = ck.dir, ck.config_dir, ck.config_dict
+
+        def __contains__(self, key):
+            return key in ck
+
+        def info(self, key):
+            return ck.info(key)
+
+        def read(self, key, rows=None, pin=False, out=None):
+            read.append(key)
+            return ck.read(key, rows=rows, pin=pin, out=out)
+
+    src = Source()
+    assert isinstance(src, WeightSource) and not isinstance(src, Checkpoint)
+    toks = mf.tokens(V, n=2, length=8)
+    got = dict(Runner(src).run(toks, canary=False))
+    want = dict(Runner(folder).run(toks, canary=False))
+    assert sorted(got) == [0, 1] and all(torch.equal(got[k], want[k]) for k in want)
+    assert sorted(set(read)) == sorted(ck.tensors)  # every tensor of the checkpoint, each through the source
+
+
+def test_act_transform_keys_must_be_module_classes(tmp_path):
+    folder = mf.build("llama", tmp_path / "m")
+    with pytest.raises(ValueError, match=r"act_transform keys \['mlp'\] are not module classes"):
+        Runner(folder, RunnerOptions(act_transform={"mlp": lambda x: x}))
