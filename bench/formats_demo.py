@@ -53,7 +53,7 @@ def run_one(model: Path, teachers: dict, spec_dict: dict | None, path: str, out_
     """Score one candidate on every domain; returns its pooled figures and bits."""
     import pyarrow.parquet as pq
 
-    from fideval.model.runner import iter_logits
+    from fideval.model.runner import RunnerOptions, iter_logits
     from fideval.quant.spec import compile_spec
     from fideval.score.candidate import Candidate, CandidateShard, teacher_sequences
     from fideval.score.run import ScoreSettings, score_candidate
@@ -69,8 +69,8 @@ def run_one(model: Path, teachers: dict, spec_dict: dict | None, path: str, out_
             keep_w = sorted({i.split(".")[0] for i in seqs.ids})[:windows]
             k = [j for j, i in enumerate(seqs.ids) if i.split(".")[0] in keep_w]
             seqs = Sequences(ids=[seqs.ids[j] for j in k], domains=[seqs.domains[j] for j in k], tokens=seqs.tokens[k])
-        logits = iter_logits(model, seqs, device="cpu", dtype=torch.float32, weight_transform=spec.weight_transform,
-                             act_transform=spec.act_transform if path == "serving" else None, micro_batch=1)
+        opts = RunnerOptions(weight_transform=spec.weight_transform, act_transform=spec.act_transform if path == "serving" else None)
+        logits = iter_logits(model, seqs, opts)
         d = out_dir / dom
         cand = Candidate(name="c", path=path, shards=(CandidateShard(sid, x) for sid, x in logits))
         rows = len(seqs.ids) * (seqs.tokens.shape[1] - 1)

@@ -139,7 +139,7 @@ def cuda_checks(device: str) -> dict:
     from transformers import AutoModelForCausalLM
 
     from fideval.model.determinism import digest
-    from fideval.model.runner import Runner
+    from fideval.model.runner import Runner, RunnerOptions
 
     out = {}
     with tempfile.TemporaryDirectory() as tmp:
@@ -149,9 +149,9 @@ def cuda_checks(device: str) -> dict:
             model = AutoModelForCausalLM.from_pretrained(folder, dtype=torch.float32).to(device).eval()
             with torch.no_grad():
                 ref = model(torch.from_numpy(toks.astype(np.int64)).to(device)).logits.float()
-            r1 = Runner(folder, device=device, micro_batch=2)
+            r1 = Runner(folder, RunnerOptions(device=device, micro_batch=2))
             a = {k: v for k, v in r1.run(toks)}
-            b = {k: digest(v) for k, v in Runner(folder, device=device, micro_batch=2).run(toks)}
+            b = {k: digest(v) for k, v in Runner(folder, RunnerOptions(device=device, micro_batch=2)).run(toks)}
             out[name] = {"max_abs_diff": max(float((a[k] - ref[k]).abs().max()) for k in a),
                          "twice_identical": all(digest(a[k]) == b[k] for k in a), "canary": bool(r1.canary["identical"])}
             del model
@@ -159,12 +159,12 @@ def cuda_checks(device: str) -> dict:
 
 
 def run_ours(folder: Path, s: dict, device: str) -> dict:
-    from fideval.model.runner import Runner
+    from fideval.model.runner import Runner, RunnerOptions
 
     rng = np.random.default_rng(0)
     toks = rng.integers(0, s["vocab"], size=(s["n_seq"], s["seq"])).astype(np.int32)
-    r = Runner(folder, device=device, dtype=torch.bfloat16, micro_batch=s["micro"], mlp_tokens=s["mlp_tokens"],
-               profile=True, host_budget_bytes=64 << 30, lean_experts=not s.get("hf_experts", False))
+    r = Runner(folder, RunnerOptions(device=device, dtype=torch.bfloat16, micro_batch=s["micro"], mlp_tokens=s["mlp_tokens"],
+                                     profile=True, host_budget_bytes=64 << 30, lean_experts=not s.get("hf_experts", False)))
     loads: list = []  # tokens per routed expert in each MoE block: how balanced the grouped GEMMs are
     spans: list = []  # CUDA events around the routed experts alone (the rest of a MoE block: router, shared expert)
     if not s.get("hf_experts", False):

@@ -29,7 +29,7 @@ def _free_port() -> int:
 def _worker(rank: int, world: int, port: int, folders: list[str], toks: np.ndarray, out: str) -> None:
     import torch.distributed as dist
 
-    from fideval.model.runner import Ledger, Runner
+    from fideval.model.runner import Ledger, Runner, RunnerOptions
 
     torch.set_num_threads(1)
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
@@ -37,7 +37,7 @@ def _worker(rank: int, world: int, port: int, folders: list[str], toks: np.ndarr
     try:
         for j, folder in enumerate(folders):
             ledger = Ledger()
-            r = Runner(folder, rank=rank, world=world, group=dist.group.WORLD, micro_batch=2, ledger=ledger)
+            r = Runner(folder, RunnerOptions(micro_batch=2), rank=rank, world=world, group=dist.group.WORLD, ledger=ledger)
             logits = np.stack([v.numpy() for _, v in sorted(r.run(toks))])
             np.save(f"{out}/r{rank}-m{j}.npy", logits)
             np.save(f"{out}/r{rank}-m{j}-peak.npy", np.array([ledger.largest]))
@@ -48,14 +48,14 @@ def _worker(rank: int, world: int, port: int, folders: list[str], toks: np.ndarr
 @pytest.mark.slow
 @pytest.mark.parametrize("world", [2, 4])
 def test_model_parallel_matches_single_rank(tmp_path, world):
-    from fideval.model.runner import Ledger, Runner
+    from fideval.model.runner import Ledger, Runner, RunnerOptions
 
     folders = [mf.build("deepseek_v3", tmp_path / "dsv3"), mf.build("qwen3_moe", tmp_path / "qmoe")]
     toks = mf.tokens(mf.COMMON["vocab_size"], n=3, length=16)
     single, single_peak = [], []
     for f in folders:
         ledger = Ledger()
-        single.append(np.stack([v.numpy() for _, v in sorted(Runner(f, micro_batch=2, ledger=ledger).run(toks))]))
+        single.append(np.stack([v.numpy() for _, v in sorted(Runner(f, RunnerOptions(micro_batch=2), ledger=ledger).run(toks))]))
         single_peak.append(ledger.largest)
     mp.start_processes(_worker, args=(world, _free_port(), [str(f) for f in folders], toks, str(tmp_path)),
                        nprocs=world, join=True, start_method="fork")

@@ -7,7 +7,7 @@ import pytest
 import torch
 
 import model_fixtures as mf
-from fideval.model.runner import Runner
+from fideval.model.runner import Runner, RunnerOptions
 
 ARCHS = list(mf.configs())
 
@@ -21,7 +21,7 @@ def test_float32_parity(tmp_path, name):
     folder = mf.build(name, tmp_path / name)
     toks = mf.tokens(mf.COMMON["vocab_size"], n=3, length=24)
     ref = mf.reference_logits(folder, toks)
-    runner = Runner(folder, micro_batch=2)
+    runner = Runner(folder, RunnerOptions(micro_batch=2))
     out = dict(runner.run(toks))
     assert sorted(out) == [0, 1, 2]
     assert all(v.dtype == torch.float32 and tuple(v.shape) == (24, mf.COMMON["vocab_size"]) for v in out.values())
@@ -36,7 +36,7 @@ def test_bfloat16_difference(tmp_path, name):
     folder = mf.build(name, tmp_path / name)
     toks = mf.tokens(mf.COMMON["vocab_size"], n=2, length=16)
     ref = mf.reference_logits(folder, toks, torch.bfloat16)
-    out = dict(Runner(folder, micro_batch=2, dtype=torch.bfloat16).run(toks))
+    out = dict(Runner(folder, RunnerOptions(micro_batch=2, dtype=torch.bfloat16)).run(toks))
     d = _max_diff(out, ref)
     assert d <= 4 * 2.0**-8 * float(ref.abs().max())
 
@@ -87,7 +87,7 @@ def test_mlp_over_token_blocks(tmp_path, name):
     folder = mf.build(name, tmp_path / name)
     toks = mf.tokens(mf.COMMON["vocab_size"], n=3, length=24)
     ref = mf.reference_logits(folder, toks)
-    runner = Runner(folder, micro_batch=1, mlp_tokens=48, profile=True)
+    runner = Runner(folder, RunnerOptions(micro_batch=1, mlp_tokens=48, profile=True))
     out = dict(runner.run(toks))
     assert _max_diff(out, ref) <= 1e-5
     assert runner.stats.get("mlp_s", 0) + runner.stats.get("moe_s", 0) > 0 and runner.stats["attn_s"] > 0

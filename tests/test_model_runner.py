@@ -13,7 +13,7 @@ import torch
 
 import model_fixtures as mf
 from fideval.model.determinism import digest
-from fideval.model.runner import Runner
+from fideval.model.runner import Runner, RunnerOptions
 
 V = mf.COMMON["vocab_size"]
 
@@ -21,13 +21,13 @@ V = mf.COMMON["vocab_size"]
 def test_same_run_twice_is_bit_identical_and_chunking_does_not_change_bits(tmp_path):
     folder = mf.build("deepseek_v3", tmp_path / "m")
     toks = mf.tokens(V, n=5, length=16)
-    a = Runner(folder, micro_batch=2)
+    a = Runner(folder, RunnerOptions(micro_batch=2))
     first = {k: digest(v) for k, v in a.run(toks)}
-    second = {k: digest(v) for k, v in Runner(folder, micro_batch=2).run(toks)}
+    second = {k: digest(v) for k, v in Runner(folder, RunnerOptions(micro_batch=2)).run(toks)}
     assert first == second
     assert a.canary["identical"] and a.canary["sha256_start"] == first[0]
     # a host budget of two sequences' hidden states forces three chunks (each re-reads every layer)
-    small = Runner(folder, micro_batch=2, host_budget_bytes=2 * 16 * 64 * 4)
+    small = Runner(folder, RunnerOptions(micro_batch=2, host_budget_bytes=2 * 16 * 64 * 4))
     third = {k: digest(v) for k, v in small.run(toks)}
     assert small.stats["chunks"] == 3 and third == first
 
@@ -48,7 +48,7 @@ def test_weight_transform_applies_once_to_the_named_classes(tmp_path):
         return _bf16_round(t) if cls in ("routed_experts", "attention", "lm_head") else t
 
     toks = mf.tokens(V, n=2, length=12)
-    out = dict(Runner(folder, weight_transform=wt).run(toks))
+    out = dict(Runner(folder, RunnerOptions(weight_transform=wt)).run(toks))
     classes = {c for c, _ in seen}
     assert classes == {"routed_experts", "shared_experts", "attention", "dense_mlp", "lm_head"}
     assert len(seen) == len(set(seen))  # once per tensor per run
@@ -76,7 +76,7 @@ def test_act_transform_reaches_every_module_input(tmp_path):
     folder = mf.build("deepseek_v3", tmp_path / "m")
     toks = mf.tokens(V, n=2, length=12)
     classes = ("routed_experts", "shared_experts", "attention", "dense_mlp", "lm_head")
-    out = dict(Runner(folder, act_transform={c: f for c in classes}).run(toks))
+    out = dict(Runner(folder, RunnerOptions(act_transform={c: f for c in classes})).run(toks))
 
     model = AutoModelForCausalLM.from_pretrained(folder, dtype=torch.float32).eval()
     hooked = ("q_a_proj", "q_b_proj", "kv_a_proj_with_mqa", "kv_b_proj", "o_proj", "shared_experts.gate_proj",
@@ -108,7 +108,7 @@ def test_act_transform_reaches_every_module_input(tmp_path):
 PEAK = textwrap.dedent("""
     import sys, time, numpy as np, torch
     torch.set_num_threads(1)
-    from fideval.model.runner import Runner
+    from fideval.model.runner import Runner, RunnerOptions
     def status(key):
         for line in open("/proc/self/status"):
             if line.startswith(key):
@@ -118,7 +118,7 @@ PEAK = textwrap.dedent("""
     slow = {"attention": lambda x: (time.sleep(0.03), x)[1]}  # compute outlasts every prefetch
     open("/proc/self/clear_refs", "w").write("5")  # reset the peak-RSS mark
     base = status("VmRSS:")
-    r = Runner(sys.argv[1], act_transform=slow)
+    r = Runner(sys.argv[1], RunnerOptions(act_transform=slow))
     list(r.run(toks))
     print(status("VmHWM:") - base, r.ledger.peak, r.ledger.largest, r.ledger.added, r.ledger.released)
 """)
@@ -154,12 +154,49 @@ def test_cuda_warm_up_runs_once_per_mlp_kind_and_changes_no_bit(tmp_path):
     stay transformers' (float32 parity) and the same run twice is bit-identical."""
     folder = mf.build("deepseek_v3", tmp_path / "m")
     toks = mf.tokens(V, n=4, length=16)
-    r = Runner(folder, device="cuda", micro_batch=2, mlp_tokens=48, profile=True)
+    r = Runner(folder, RunnerOptions(device="cuda", micro_batch=2, mlp_tokens=48, profile=True))
     got = {k: v.cpu() for k, v in r.run(toks)}
     st = r.finish_profile()
-    assert st["warmup_s"] > 0 and len(r._mlp_warmed) == 2 and not r.warming
-    again = {k: digest(v) for k, v in Runner(folder, device="cuda", micro_batch=2, mlp_tokens=48).run(toks)}
+    assert st["warmup_s"] > 0 and len(r.blocks.warmed) == 2 and not r.warming
+    again = {k: digest(v) for k, v in Runner(folder, RunnerOptions(device="cuda", micro_batch=2, mlp_tokens=48)).run(toks)}
     assert {k: digest(v) for k, v in got.items()} == again
     ref = mf.reference_logits(folder, toks)
     for k, v in got.items():
         assert float((v - ref[k]).abs().max()) < 1e-4
+
+
+def test_weights_come_only_through_the_weight_source(tmp_path):
+    """Any WeightSource stands in for a checkpoint folder: the runner reads every tensor through it, and the
+    logits are the folder's, bit for bit."""
+    from fideval.model.checkpoint import Checkpoint, WeightSource
+
+    folder = mf.build("qwen3_moe", tmp_path / "m")
+    ck = Checkpoint(folder)
+    read: list[str] = []
+
+    class Source:  # not a Checkpoint: only the protocol's members
+        dir, config_dir, config_dict = ck.dir, ck.config_dir, ck.config_dict
+
+        def __contains__(self, key):
+            return key in ck
+
+        def info(self, key):
+            return ck.info(key)
+
+        def read(self, key, rows=None, pin=False, out=None):
+            read.append(key)
+            return ck.read(key, rows=rows, pin=pin, out=out)
+
+    src = Source()
+    assert isinstance(src, WeightSource) and not isinstance(src, Checkpoint)
+    toks = mf.tokens(V, n=2, length=8)
+    got = dict(Runner(src).run(toks, canary=False))
+    want = dict(Runner(folder).run(toks, canary=False))
+    assert sorted(got) == [0, 1] and all(torch.equal(got[k], want[k]) for k in want)
+    assert sorted(set(read)) == sorted(ck.tensors)  # every tensor of the checkpoint, each through the source
+
+
+def test_act_transform_keys_must_be_module_classes(tmp_path):
+    folder = mf.build("llama", tmp_path / "m")
+    with pytest.raises(ValueError, match=r"act_transform keys \['mlp'\] are not module classes"):
+        Runner(folder, RunnerOptions(act_transform={"mlp": lambda x: x}))

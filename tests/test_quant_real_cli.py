@@ -18,7 +18,7 @@ from scipy.special import log_softmax, rel_entr
 from test_quant_real_gguf import write_llama_gguf
 
 from fideval.fsio import sha256_file
-from fideval.model.runner import Runner
+from fideval.model.runner import Runner, RunnerOptions
 from fideval.quant.spec import compile_spec
 from fideval.store import StoreWriter
 
@@ -68,7 +68,8 @@ def test_score_a_gguf_candidate_weights_only(setup):
     assert info["quantized_classes"] == ["attention", "dense_mlp", "lm_head"]
     # oracle: KL(teacher || emulated gguf_q8_0) in float64 with scipy, row by row
     spec = compile_spec({c: {"format": "gguf_q8_0"} for c in ("attention", "dense_mlp", "lm_head")})
-    emu = {s["ids"][k]: x.numpy() for k, x in Runner(s["ref"], weight_transform=spec.weight_transform).run(s["toks"], canary=False)}
+    emu_run = Runner(s["ref"], RunnerOptions(weight_transform=spec.weight_transform)).run(s["toks"], canary=False)
+    emu = {s["ids"][k]: x.numpy() for k, x in emu_run}
     rec = pq.read_table(s["tmp"] / "rec" / "records.parquet").to_pandas()
     assert len(rec) == 2 * 15
     for row in rec.itertuples():

@@ -18,7 +18,7 @@ from safetensors.torch import load_file
 
 from fideval.errors import FidevalError
 from fideval.model.quantized import GGUFCheckpoint
-from fideval.model.runner import Runner
+from fideval.model.runner import Runner, RunnerOptions
 from fideval.quant.spec import compile_spec
 
 torch.set_num_threads(1)
@@ -82,7 +82,8 @@ def write_llama_gguf(ref: Path, path: Path, qtype: str = "Q8_0", *, arch: str = 
 
 def _logits(ref, *, spec=None, ckpt=None):
     s = compile_spec(spec)
-    r = Runner(ref, weight_transform=None if ckpt is not None else s.weight_transform, micro_batch=2, checkpoint=ckpt)
+    opts = RunnerOptions(weight_transform=None if ckpt is not None else s.weight_transform, micro_batch=2)
+    r = Runner(ckpt if ckpt is not None else ref, opts)
     return torch.stack([x for _, x in r.run(tokens(r.vocab_size, n=3, length=20), canary=False)])
 
 

@@ -22,7 +22,7 @@ from safetensors.torch import load_file, save_file
 
 from fideval.errors import FidevalError
 from fideval.model.quantized import QuantizedCheckpoint
-from fideval.model.runner import Runner
+from fideval.model.runner import Runner, RunnerOptions
 from fideval.quant import get_format
 from fideval.quant.mx import pack_fp4
 from fideval.quant.spec import compile_spec
@@ -32,9 +32,9 @@ torch.set_num_threads(1)
 
 def _logits(ref: Path, *, spec=None, ckpt=None, serving=False, act=None) -> torch.Tensor:
     s = compile_spec(spec)
-    r = Runner(ref, weight_transform=None if ckpt is not None else s.weight_transform,
-               act_transform=(act if act is not None else s.act_transform) if serving else None,
-               micro_batch=2, checkpoint=ckpt)
+    r = Runner(ckpt if ckpt is not None else ref,
+               RunnerOptions(weight_transform=None if ckpt is not None else s.weight_transform,
+                             act_transform=(act if act is not None else s.act_transform) if serving else None, micro_batch=2))
     toks = tokens(r.vocab_size, n=3, length=20)
     return torch.stack([x for _, x in r.run(toks, canary=False)])
 
@@ -310,7 +310,7 @@ def test_mis_shaped_decoded_tensor_names_it(qwen3_moe, tmp_path):
     sd[k + ".weight_packed"] = sd[k + ".weight_packed"][:, :16].contiguous()  # half the input dim
     sd[k + ".weight_scale"] = sd[k + ".weight_scale"][:, :2].contiguous()
     _write(tmp_path / "m", ref, sd, CT_NVFP4)
-    r = Runner(ref, checkpoint=QuantizedCheckpoint(tmp_path / "m", ref))
+    r = Runner(QuantizedCheckpoint(tmp_path / "m", ref))
     with pytest.raises(FidevalError) as e:
         list(r.run(tokens(r.vocab_size, n=1, length=8), canary=False))
     assert "'model.layers.0.self_attn.o_proj.weight' has shape [64, 32], config.json implies [64, 64]" in _one_line(e)

@@ -150,7 +150,8 @@ class Checkpoint:
         elif (self.dir / SINGLE).is_file():
             self.tensors = _parse_header(self.dir / SINGLE)
         else:
-            raise FidevalError(f"{self.dir} has neither {SINGLE} nor {INDEX}", hint="only safetensors checkpoints are read (never .bin/.pt)")
+            raise FidevalError(f"{self.dir} has neither {SINGLE} nor {INDEX}",
+                               hint="only safetensors checkpoints are read (never .bin/.pt)")
 
     def __contains__(self, key: str) -> bool:
         return key in self.tensors
@@ -193,3 +194,8 @@ class Checkpoint:
             else:  # page cache -> memory copies run at a few GB/s per thread; several threads fill one tensor
                 list(_pool().map(lambda ab: _read_into(info.file, start + ab[0], view[ab[0]:ab[1]], key), pieces))
         return out if out is not None else buf.view(info.dtype).view(shape)
+
+
+def open_weights(weights: WeightSource | str | Path) -> WeightSource:
+    """``weights`` itself, or the safetensors checkpoint in the folder it names."""
+    return Checkpoint(weights) if isinstance(weights, (str, Path)) else weights

@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import os
 
+import numpy as np
 import torch
 
 
@@ -36,3 +37,21 @@ def init_from_env(device: torch.device) -> tuple[int, int, object]:
     if not dist.is_initialized():
         dist.init_process_group("nccl" if device.type == "cuda" else "gloo")
     return dist.get_rank(), dist.get_world_size(), dist.group.WORLD
+
+
+def vocab_bounds(world: int, vocab: int) -> list[tuple[int, int]]:
+    """The lm head's split: rank r computes vocabulary rows [lo, hi) of the r-th of N near-equal parts."""
+    bounds = np.linspace(0, vocab, world + 1).round().astype(int) if world > 1 else np.array([0, vocab])
+    return [(int(bounds[r]), int(bounds[r + 1])) for r in range(len(bounds) - 1)]
+
+
+def gather_vocab(part: torch.Tensor, bounds: list[tuple[int, int]], group) -> torch.Tensor:
+    """Every rank's logits over its vocabulary rows, joined into the full [..., V] on every rank."""
+    import torch.distributed as dist
+
+    width = max(b - a for a, b in bounds)
+    pad = torch.zeros((*part.shape[:-1], width), dtype=part.dtype, device=part.device)
+    pad[..., :part.shape[-1]] = part
+    bufs = [torch.empty_like(pad) for _ in bounds]
+    dist.all_gather(bufs, pad.contiguous(), group=group)
+    return torch.cat([b[..., :hi - lo] for b, (lo, hi) in zip(bufs, bounds)], dim=-1)

@@ -65,7 +65,7 @@ def run_teacher(model_dir, windows_dir, out, *, kinds=KINDS, device="auto", dtyp
 
     from fideval.model.device import resolve_device, resolve_dtype
     from fideval.model.parallel import init_from_env
-    from fideval.model.runner import Runner
+    from fideval.model.runner import Runner, RunnerOptions
     from fideval.progress import progress
     from fideval.store import StoreWriter
     from fideval.windows.layout import read_sequences
@@ -79,7 +79,8 @@ def run_teacher(model_dir, windows_dir, out, *, kinds=KINDS, device="auto", dtyp
                            f"{model_dir / 'tokenizer.json'} is {model_sha[:12]}…", hint="rebuild the windows with this model's tokenizer")
     dev = resolve_device(device)
     rank, world, group = init_from_env(dev)
-    runner = Runner(model_dir, device=dev, dtype=resolve_dtype(dtype), micro_batch=micro_batch, rank=rank, world=world, group=group)
+    opts = RunnerOptions(device=dev, dtype=resolve_dtype(dtype), micro_batch=micro_batch)
+    runner = Runner(model_dir, opts, rank=rank, world=world, group=group)
     meta = {"model_id": model_id or model_dir.name, "model_revision": model_revision or "local",
             "tokenizer_sha256": win_sha or model_sha or "unknown", "vocab_size": runner.vocab_size, "kind": "logits",
             "teacher": {"runner": "fideval.model.runner", "arch": runner.adapter.arch, "dtype": dtype,

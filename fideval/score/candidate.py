@@ -106,14 +106,15 @@ def _config_candidate(cfg: Any, name: str, path: str) -> Any:
     return cand
 
 
-def _model_run(files: Any, teacher: Any, settings: dict[str, Any], device: str, **hooks: Any) -> Iterator[CandidateShard]:
-    import torch
+def _model_run(files: Any, teacher: Any, settings: dict[str, Any], device: str, checkpoint: Any = None,
+               **transforms: Any) -> Iterator[CandidateShard]:
+    """The runner over the teacher's sequences, with the teacher's dtype and micro-batch; ``checkpoint`` (a real
+    build) stands in for the reference's weights, ``transforms`` are RunnerOptions' weight/act transforms."""
+    from fideval.model.device import resolve_dtype
+    from fideval.model.runner import RunnerOptions, iter_logits
 
-    from fideval.model.runner import iter_logits
-
-    dtype = {"float32": torch.float32, "bfloat16": torch.bfloat16}[settings["dtype"]]
-    logits = iter_logits(files.folder, teacher_sequences(teacher), device=device, dtype=dtype,
-                         micro_batch=settings["micro_batch"], **hooks)
+    opts = RunnerOptions(device=device, dtype=resolve_dtype(settings["dtype"]), micro_batch=settings["micro_batch"], **transforms)
+    logits = iter_logits(checkpoint if checkpoint is not None else files.folder, teacher_sequences(teacher), opts)
     return (CandidateShard(sid, x) for sid, x in logits)
 
 

@@ -1,0 +1,109 @@
+"""What the runner adds to transformers' modules: activation transforms on the inputs of quantized
+linears (and of the routed experts' projections), the model-parallel expert wrapper, and the canary.
+
+Weight transforms need no hook: :meth:`~fideval.model.adapters.Adapter.materialize` applies them once, as
+a layer's tensors are filled in. Activations exist only while a layer runs, so they are transformed by
+forward pre-hooks, by module class (:mod:`fideval.model.module_classes`), on full parameter names.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+
+import torch
+
+from fideval.model import determinism
+from fideval.model import experts as experts_path
+from fideval.model.module_classes import MODULE_CLASSES, module_class_of
+
+
+def check_act_transform(act_transform: dict | None) -> dict:
+    """A copy of ``act_transform`` (module class -> fn); a key that is not a module class is a ValueError."""
+    act = dict(act_transform or {})
+    bad = sorted(set(act) - set(MODULE_CLASSES))
+    if bad:
+        raise ValueError(f"act_transform keys {bad} are not module classes {MODULE_CLASSES}")
+    return act
+
+
+def install(layer: torch.nn.Module, i: int, act_transform: dict[str, Callable], ex: tuple[int, int] | None,
+            world: int, group, lean: bool) -> None:
+    """Layer ``i``: act_transform on inputs of attention / shared / dense linears, and the routed experts'
+    wrapper (the transform on their inputs and inside them, this rank's experts [lo, hi) only, the sum
+    over ranks; ``lean``: fideval.model.experts' forward where it supports the module)."""
+    for name, mod in layer.named_modules():
+        if isinstance(mod, torch.nn.Linear):
+            cls_ = module_class_of(f"model.layers.{i}.{name}.weight")
+            fn = act_transform.get(cls_) if cls_ else None
+            if fn is not None:
+                mod.register_forward_pre_hook(lambda m, args, f=fn: (f(args[0]), *args[1:]))
+    experts = getattr(getattr(layer, "mlp", None), "experts", None)
+    if experts is None:
+        return
+    fn = act_transform.get("routed_experts")
+    original = experts.forward
+    # one rank, grouped_mm selected, a gated bias-free module: the same bits with less traffic (experts.py)
+    lean = lean and experts_path.supported(experts)
+    if lean:
+        original = lambda h, i, w: experts_path.forward(experts, h, i, w)  # noqa: E731
+    if fn is not None:
+        # the down projection's input exists only inside the experts' forward: transformers' grouped_mm
+        # path (and experts.py) computes it in ``_apply_gate``, so we wrap that and call the grouped_mm path.
+        from transformers.integrations.moe import grouped_mm_experts_forward
+
+        gate = experts._apply_gate
+        experts._apply_gate = lambda x: fn(gate(x))
+        if not lean:
+            original = lambda h, i, w: grouped_mm_experts_forward(experts, h, i, w)  # noqa: E731
+
+    def forward(hidden, top_k_index, top_k_weights):
+        if ex is not None:
+            lo, hi = ex
+            inside = (top_k_index >= lo) & (top_k_index < hi)
+            top_k_index = torch.where(inside, top_k_index - lo, torch.full_like(top_k_index, hi - lo))
+        if fn is not None:  # row-wise transform: same as transforming each expert's gathered copy
+            hidden = fn(hidden)
+        out = original(hidden, top_k_index, top_k_weights)
+        if world > 1:
+            import torch.distributed as dist
+
+            part = out.to(torch.float32)
+            dist.all_reduce(part, group=group)
+            out = part.to(out.dtype)
+        return out
+
+    experts.forward = forward
+
+
+def warm_experts(config, device: torch.device, dtype: torch.dtype, stats: dict) -> None:
+    """On CUDA, compile fideval.model.experts' Triton kernels before the first MoE block, so that no block pays
+    a just-in-time compile; the wall time is ``stats["warmup_s"]`` (part of the run's ``wall_s``)."""
+    k = getattr(config, "num_experts_per_tok", None)
+    if not (k and device.type == "cuda"):
+        return
+    t0 = time.perf_counter()
+    experts_path.warmup(device, dtype, int(k), int(config.hidden_size))
+    stats["warmup_s"] = stats.get("warmup_s", 0.0) + time.perf_counter() - t0
+
+
+class Canary:
+    """The run's first micro-batch computed again as its last; the first sequence's logits must be
+    bit-identical both times (a GPU whose kernels drift, or a composition-dependent path, shows here).
+
+    The runner yields the first pass (:meth:`first`) and withholds the second (:meth:`last`);
+    :attr:`verdict` is ``{"row", "sha256_start", "sha256_end", "identical"}`` once the second has run."""
+
+    def __init__(self, rows: list[int]):
+        self.rows = rows
+        self.start: str | None = None
+        self.verdict: dict | None = None
+
+    def first(self, row: int, logits: torch.Tensor) -> None:
+        if self.rows and self.start is None and row == self.rows[0]:
+            self.start = determinism.digest(logits)
+
+    def last(self, row: int, logits: torch.Tensor) -> None:
+        if row == self.rows[0]:
+            end = determinism.digest(logits)
+            self.verdict = {"row": row, "sha256_start": self.start, "sha256_end": end, "identical": self.start == end}

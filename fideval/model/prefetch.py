@@ -1,0 +1,101 @@
+"""Weights on their way in: a background thread that materialises the next unit (embedding, layer i, head)
+while the current one computes, and a ledger of the weight bytes resident at any moment.
+
+Why a thread and not a pool: units are needed strictly in order and at most ``1 + depth`` may exist at
+once (the current one and those prefetched), so one thread and a semaphore bound both the memory and the
+order; the thread itself fans a unit's tensors out over the checkpoint's reader pool.
+"""
+
+from __future__ import annotations
+
+import queue
+import threading
+import time
+import weakref
+from collections.abc import Callable
+
+import torch
+
+
+class Ledger:
+    """Bytes of weights resident now and at peak, per unit (embedding, layer i, head).
+
+    A unit is counted from the moment its tensors are materialised until its module is garbage
+    collected (a ``weakref.finalize`` on the module), so a leaked reference shows up as a unit that is
+    never released rather than as a number we merely believe.
+    """
+
+    def __init__(self):
+        self._lock = threading.Lock()
+        self.now = self.peak = self.largest = 0
+        self.units: dict[object, int] = {}
+        self.added = self.released = 0
+
+    def track(self, unit: object, module: torch.nn.Module) -> None:
+        nbytes = sum(t.numel() * t.element_size() for t in list(module.parameters()) + list(module.buffers()))
+        with self._lock:
+            self.units[unit] = nbytes
+            self.now += nbytes
+            self.added += 1
+            self.peak = max(self.peak, self.now)
+            self.largest = max(self.largest, nbytes)
+        weakref.finalize(module, self._release, unit)
+
+    def _release(self, unit: object) -> None:
+        with self._lock:
+            self.now -= self.units.pop(unit, 0)
+            self.released += 1
+
+
+class Prefetch:
+    """Loads units in order on one thread; at most ``1 + depth`` units exist at once (current + prefetched).
+
+    ``stats`` gains ``load_s`` (time spent loading, hidden or not) and ``wait_s`` (time the consumer waited:
+    the part not hidden behind compute), with their per-unit lists."""
+
+    def __init__(self, units: list, load: Callable, depth: int, stats: dict):
+        self._q: queue.Queue = queue.Queue()
+        self._sem = threading.Semaphore(1 + depth)
+        self._stop = False
+        self._units, self._load, self._stats = units, load, stats
+        self._thread = threading.Thread(target=self._run, name="fideval-prefetch", daemon=True)
+        self._thread.start()
+
+    def _run(self) -> None:
+        torch.set_grad_enabled(False)
+        for u in self._units:
+            self._sem.acquire()
+            if self._stop:
+                return
+            t0 = time.perf_counter()
+            try:
+                obj = self._load(u)
+            except BaseException as e:  # handed to the consumer, which re-raises it
+                self._q.put(e)
+                return
+            dt = time.perf_counter() - t0
+            self._stats["load_s"] += dt
+            self._stats.setdefault("unit_load_s", []).append(dt)
+            self._q.put(obj)
+            del obj
+
+    def get(self):
+        t0 = time.perf_counter()
+        obj = self._q.get()
+        dt = time.perf_counter() - t0
+        self._stats["wait_s"] += dt
+        self._stats.setdefault("unit_wait_s", []).append(dt)
+        if isinstance(obj, BaseException):
+            raise obj
+        return obj
+
+    def release(self) -> None:
+        self._sem.release()
+
+    def close(self) -> None:
+        self._stop = True
+        self._sem.release()
+        self._sem.release()
+        self._thread.join(timeout=60)
+        while not self._q.empty():
+            self._q.get_nowait()
