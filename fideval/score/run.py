@@ -219,8 +219,7 @@ def _teacher_block(teacher: Any, store: str | None) -> TeacherRef:
                       manifest_sha256=sha256_file(man) if man.exists() else None)
 
 
-def self_check(teacher: Any, *, device: str = "auto", kernel: str = "auto", seq_ids: list[str] | None = None
-               ) -> dict[str, Any]:
+def self_check(teacher: Any, *, device: str = "auto", kernel: str = "auto") -> dict[str, Any]:
     """Score the teacher against itself: every row must give KLD exactly 0 and top-1 agreement.
 
     A scorer that returns 1e-17 here has a bug (identical inputs take identical float64 paths); the check
@@ -228,7 +227,7 @@ def self_check(teacher: Any, *, device: str = "auto", kernel: str = "auto", seq_
     """
     dev, kernel = pick(device, kernel)
     run = _Run(teacher, dev, kernel, ScoreSettings(cpu_check_every=10**12, cpu_check_tolerance=float("inf")))
-    ids = teacher.seq_ids if seq_ids is None else seq_ids
+    ids = teacher.seq_ids
     with progress("self-check", total=sum(teacher.entry(s)["rows"] for s in ids), unit="rows") as bar:
         for item in teacher_shards(teacher, ids):
             out = run.shard(item)
