@@ -124,10 +124,13 @@ class ScreenConfig(Strict):
 
 
 class TeacherConfig(Strict):
-    device: Literal["auto", "cpu", "cuda"] = "auto"
+    device: Literal["auto", "cpu", "cuda"] = Field(
+        "auto", description="where `fideval teacher` and `fideval score --config` run when --device is not given "
+        "(the workflow's rules pass --device from their gpu resource)")
     dtype: Literal["float32", "bfloat16"] = Field("float32", description="compute dtype of the layers; logits are FP32")
     model_parallel: int = Field(1, ge=1, description="ranks (torchrun) over which experts and heads are split")
-    lengths: list[Literal["windows", "cuts"]] = Field(default_factory=lambda: ["windows", "cuts"])
+    lengths: list[Literal["windows", "cuts"]] = Field(
+        default_factory=lambda: ["windows", "cuts"], description="which sequences the workflow runs the teacher on and scores")
     micro_batch: int = Field(1, ge=1, description="sequences per forward; fixed so results are reproducible")
 
 
@@ -163,8 +166,9 @@ class Candidate(Strict):
 
 class ScoreConfig(Strict):
     cpu_check_every: int = Field(1000, ge=1, description="check 1 row in this many (plus first/last) on the CPU in float64")
-    cpu_check_tolerance: float = Field(2e-12, gt=0)
-    on_nonfinite: Literal["fail", "skip"] = "fail"
+    cpu_check_tolerance: float = Field(2e-12, gt=0, description="`fideval score --config` fails when a checked row's relative "
+                                       "difference to the float64 reference exceeds this (--cpu-check-tolerance overrides)")
+    on_nonfinite: Literal["fail", "skip"] = Field("fail", description="rows holding NaN/+inf fail the run, or are dropped and counted")
 
 
 class Gates(Strict):

@@ -125,3 +125,21 @@ def test_cli_prints_one_line(tmp_path):
     assert res.code == 2
     lines = [x for x in res.stderr.splitlines() if x.strip()]
     assert len(lines) == 1 and lines[0].startswith("fideval: error:") and "FooForCausalLM" in lines[0], res.stderr
+
+
+def test_a_token_file_runs_exactly_its_folder(tmp_path):
+    """Given the token file a rule declares, the teacher runs that folder alone: a stale sibling of the same
+    kind (cuts-4/ from an earlier config) is not globbed into the store."""
+    from fideval.store import StoreReader
+
+    model = mf.build("llama", tmp_path / "model")
+    win = _windows(tmp_path / "w")
+    write_sequences(length_dir(tmp_path / "w", "cuts", 4), Sequences(["stale-000.c0"], ["code"], win[0, :4][None]))
+    res = _invoke("--model", model, "--windows", tmp_path / "w" / "cuts-8" / "tokens.safetensors", "--out", tmp_path / "s",
+                  "--device", "cpu")
+    assert res.code == 0, res.stderr
+    assert sorted(StoreReader(tmp_path / "s").seq_ids) == ["code-000.c0", "code-000.c1", "prose-000.c0", "prose-000.c1"]
+    other = tmp_path / "w" / "cuts-8" / "other.safetensors"
+    other.write_bytes(b"")
+    assert "not a tokens.safetensors in a windows-<W>/ or cuts-<C>/ folder" in _invoke(
+        "--model", model, "--windows", other, "--out", tmp_path / "s2").error()

@@ -177,6 +177,21 @@ def test_deterministic_bytes(demo, tmp_path):
     assert "report.json" in hashes[0] and sum(n.endswith(".png") for n in hashes[0]) == 12
 
 
+def test_the_files_a_rule_declares_give_the_folders_report(demo, tmp_path):
+    """--records/--self-check as records.parquet and --windows as eval-windows.json (the workflow's declared
+    inputs) read the same data as their folders: the same report.json, byte for byte."""
+    root, dirs = demo
+    outs = {}
+    for form, rec, win in (("folders", dirs, root), ("files", [f"{d}/records.parquet" for d in dirs], root / "eval-windows.json")):
+        outs[form] = tmp_path / form
+        code, _, err = run_fideval("report", *records_args(rec[:3]), "--self-check", rec[3], "--windows", str(win),
+                                   "--out", str(outs[form]), "--resamples", "200", "--no-plots")
+        assert code == 0, err
+    rep = json.loads((outs["files"] / "report.json").read_text())
+    assert {c["name"]: c["status"] for c in rep["checks"]}["windows_match"] == "pass"
+    assert len(rep["results"]) == 3
+    assert (outs["files"] / "report.json").read_bytes() == (outs["folders"] / "report.json").read_bytes()
+
 def test_checks_and_gates(tmp_path):
     windows = syn.window_ids(DOMAINS, 4)
     df = syn.records_frame("q4", "serving", 128, 128, windows, seed=1)

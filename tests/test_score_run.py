@@ -157,3 +157,104 @@ def test_cpu_check_failure_fails_loudly_and_writes_nothing(stores, monkeypatch):
     with pytest.raises(FidevalError, match="CPU check failed: kld differs from the float64 reference"):
         score_run.score_candidate(StoreReader(stores["teacher"]), _runner_like(stores), stores["tmp"] / "f", _on_cpu())
     assert not (stores["tmp"] / "f").exists() or not any((stores["tmp"] / "f").iterdir())
+
+
+# --- settings read back from the teacher manifest (a model-run candidate scored with --config) ---------------
+
+REV = "a" * 40
+
+
+@pytest.fixture(scope="module")
+def taught(tmp_path_factory):
+    """A tiny llama's teacher store of the cuts alone, made with ``--micro-batch 4`` from the cuts' token file
+    (the file the workflow's teacher rule declares), and a config whose candidate emulates MXFP4 dense MLPs."""
+    import model_fixtures as mf
+    from test_model_teacher import _windows
+
+    tmp = tmp_path_factory.mktemp("taught")
+    model = mf.build("llama", tmp / "model")
+    _windows(tmp / "w", tokenizer_sha="b" * 64)
+    res = run_fideval("teacher", "--model", model, "--windows", tmp / "w" / "cuts-8" / "tokens.safetensors", "--lengths", "cuts",
+                      "--micro-batch", "4", "--device", "cpu", "--model-id", "toy/llama", "--model-revision", REV, "--out", tmp / "teacher")
+    assert res.code == 0, res.stderr
+    cfg = {"run": "t", "model": {"path": str(model), "id": "toy/llama", "revision": REV},
+           "domains": [{"name": "code", "source": {"type": "local", "path": "x.jsonl"}}], "score": {"cpu_check_tolerance": 1e-9},
+           "candidates": [{"name": "mx", "quant": {"dense_mlp": {"format": "mxfp4"}}, "paths": ["weights-only"]}]}
+    return dict(tmp=tmp, model=model, cfg=cfg)
+
+
+def _score_config(t, name, **edits):
+    import yaml
+
+    cfg = json.loads(json.dumps(t["cfg"]))
+    for key, value in edits.items():  # "teacher__micro_batch": 2 -> cfg["teacher"]["micro_batch"] = 2
+        section, field = key.split("__")
+        cfg.setdefault(section, {})[field] = value
+    path = t["tmp"] / f"{name}.yaml"
+    path.write_text(yaml.safe_dump(cfg))
+    return run_fideval("score", "--teacher", t["tmp"] / "teacher", "--config", path, "--candidate", "mx", "--path", "weights-only",
+                       "--device", "cpu", "--out", t["tmp"] / name)
+
+
+def test_teacher_given_a_token_file_runs_that_length_alone(taught):
+    store = StoreReader(taught["tmp"] / "teacher")
+    assert sorted(store.seq_ids) == ["code-000.c0", "code-000.c1", "prose-000.c0", "prose-000.c1"]
+    ran = json.loads(store.meta["teacher"])
+    assert ran["micro_batch"] == 4 and ran["dtype"] == "float32"
+    assert store.meta["tokenizer_sha256"] == "b" * 64  # from eval-windows.json beside the token file's folder
+    # a token file whose length --lengths leaves out is refused, not silently run
+    res = run_fideval("teacher", "--model", taught["model"], "--windows", taught["tmp"] / "w" / "cuts-8" / "tokens.safetensors",
+                      "--lengths", "windows", "--out", taught["tmp"] / "never")
+    assert "holds cuts, not --lengths windows" in res.error()
+    assert not (taught["tmp"] / "never").exists()
+
+
+@pytest.mark.parametrize(("key", "mine", "theirs"), [("micro_batch", 2, 4), ("dtype", "bfloat16", "'float32'")])
+def test_config_conflicting_with_the_teacher_manifest_is_refused(taught, key, mine, theirs):
+    msg = _score_config(taught, f"conflict-{key}", **{f"teacher__{key}": mine}).error()
+    assert f"config teacher.{key} is {mine!r} but" in msg and f"was made with {key} {theirs}" in msg
+    assert not (taught["tmp"] / f"conflict-{key}").exists()
+
+
+def test_config_leaving_the_keys_out_follows_the_manifest(taught, monkeypatch):
+    import fideval.model.runner as runner
+
+    seen, real = [], runner.iter_logits
+    monkeypatch.setattr(runner, "iter_logits", lambda *a, **kw: seen.append((kw["micro_batch"], kw["dtype"])) or real(*a, **kw))
+    res = _score_config(taught, "follows")
+    assert res.code == 0, res.stderr
+    assert seen == [(4, torch.float32)]  # the manifest's micro-batch, not the config's default of 1
+    # the same key set to the manifest's value is no conflict
+    assert _score_config(taught, "agrees", teacher__micro_batch=4).code == 0
+    summary = json.loads((taught["tmp"] / "follows" / "score.json").read_text())
+    assert summary["rows"] == 4 * 7 and summary["candidate_info"]["source"] == "emulated"
+    assert summary["cpu_check"]["tolerance"] == 1e-9 and summary["cpu_check"]["every"] == 1000  # score: read, defaults kept
+
+
+@pytest.mark.parametrize(("key", "value", "needle"), [("model__id", "other/model", "model id other/model differs"),
+                                                        ("model__revision", "c" * 40, f"model revision {'c' * 40} differs")])
+def test_config_with_another_model_identity_is_refused(taught, key, value, needle):
+    assert needle in _score_config(taught, f"identity-{key}", **{key: value}).error()
+
+
+def test_config_model_with_another_tokenizer_is_refused(taught, tmp_path):
+    import shutil
+
+    model = shutil.copytree(taught["model"], tmp_path / "model")
+    (model / "tokenizer.json").write_text("{}")
+    t = {**taught, "cfg": {**taught["cfg"], "model": {**taught["cfg"]["model"], "path": str(model)}}, "tmp": taught["tmp"]}
+    msg = _score_config(t, "tokenizer").error()
+    assert f"tokenizer SHA-256 {sha256_file(model / 'tokenizer.json')} differs" in msg and "b" * 64 in msg
+
+
+def test_score_settings_take_the_option_then_the_config_then_the_default():
+    from fideval.config import ScoreConfig
+
+    ScoreSettings = score_run.ScoreSettings
+    cfg = ScoreConfig(cpu_check_every=7, cpu_check_tolerance=1e-9, on_nonfinite="skip")
+    assert ScoreSettings.of() == ScoreSettings(cpu_check_every=1000, cpu_check_tolerance=2e-12, on_nonfinite="fail")
+    assert ScoreSettings.of(cfg) == ScoreSettings(cpu_check_every=7, cpu_check_tolerance=1e-9, on_nonfinite="skip")
+    got = ScoreSettings.of(cfg, cpu_check_every=None, cpu_check_tolerance=3e-10, device="cpu", kernel="torch")
+    assert (got.cpu_check_every, got.cpu_check_tolerance, got.on_nonfinite, got.device, got.kernel) == (7, 3e-10, "skip", "cpu", "torch")
+    with pytest.raises(FidevalError, match="--on-nonfinite 'drop'"):
+        ScoreSettings.of(cfg, on_nonfinite="drop")

@@ -52,3 +52,20 @@ def test_every_rule_has_log_benchmark_and_calls_one_verb():
         assert "run:" not in chunk and "script:" not in chunk
         shell = chunk.split("shell:", 1)[1]
         assert "fideval" in shell or "{params.launcher}" in shell
+
+
+def test_rules_pass_the_files_they_declare():
+    """The teacher rule hands the verb its declared token file and the report rule its declared records and
+    eval-windows.json, so no verb globs a folder for what the rule meant (the demo config's dry run)."""
+    r = snakemake("-n", "-p", "--forceall", "--directory", str(ROOT))
+    assert r.returncode == 0, r.stderr[-2000:]
+    shells = [ln.removeprefix("Shell command: ") for ln in (r.stdout + r.stderr).splitlines() if ln.startswith("Shell command: ")]
+    teacher = [s for s in shells if s.startswith("fideval teacher")]
+    assert len(teacher) == 2 * 6
+    assert all("--windows results/demo/windows/windows-2048/tokens.safetensors" in s for s in teacher if "/teacher/windows/" in s)
+    assert all("--windows results/demo/windows/cuts-512/tokens.safetensors" in s for s in teacher if "/teacher/cuts/" in s)
+    (report,) = [s.split() for s in shells if s.startswith("fideval report")]
+    given = {opt: [report[i + 1] for i, a in enumerate(report) if a == opt] for opt in ("--windows", "--records", "--self-check")}
+    assert given["--windows"] == ["results/demo/windows/eval-windows.json"]
+    assert len(given["--records"]) == 2 * 2 * 6 and len(given["--self-check"]) == 2 * 6
+    assert all(f.endswith("/records.parquet") for f in given["--records"] + given["--self-check"])

@@ -32,9 +32,10 @@ def teacher(
     import os
 
     from fideval.lock import output_lock
-    from fideval.model.teacher import run_teacher
+    from fideval.model.teacher import run_teacher, sequence_folders
 
-    windows, kinds = _sequences(windows, lengths)
+    kinds = tuple(x.strip() for x in lengths.split(",") if x.strip())
+    sequence_folders(windows, kinds)  # a bad --windows or --lengths fails before the output folder exists
     args = _settings(config, model=model, model_id=model_id, model_revision=model_revision, device=device,
                      dtype=dtype, micro_batch=micro_batch)
     if int(os.environ.get("RANK", "0")) == 0:  # under torchrun rank 0 alone writes, and holds the lock
@@ -47,22 +48,6 @@ def teacher(
     typer.echo(f"{out}: {r['written']} sequences written, {r['skipped']} already done; canary {canary}; "
                f"{st['tokens'] / max(st['wall_s'], 1e-9):,.0f} tokens/s, weight loading {st['load_s']:.1f} s "
                f"({st['wait_s']:.1f} s not hidden)")
-
-
-def _sequences(windows: Path, lengths: str) -> tuple[Path, tuple[str, ...]]:
-    """The windows folder and the lengths to run: ``--lengths``, or the one length whose token file is given."""
-    from fideval.errors import FidevalError
-    from fideval.model.teacher import KINDS
-
-    if windows.is_file():  # results/RUN/windows/cuts-512/tokens.safetensors, as the workflow declares it
-        kind = windows.parent.name.rpartition("-")[0]
-        if kind not in KINDS:
-            raise FidevalError(f"--windows {windows}: not in a windows-<W>/ or cuts-<C>/ folder", hint="give the windows folder")
-        given = {x.strip() for x in lengths.split(",") if x.strip()}
-        if kind not in given:
-            raise FidevalError(f"--windows {windows} holds {kind}, not --lengths {lengths}", hint=f"pass --lengths {kind}")
-        return windows.parent.parent, (kind,)
-    return windows, tuple(x.strip() for x in lengths.split(",") if x.strip())
 
 
 def _settings(config: Path | None, **given) -> dict:

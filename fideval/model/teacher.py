@@ -36,14 +36,28 @@ def _tokenizer_shas(model_dir: Path, windows_dir: Path) -> tuple[str | None, str
     return model_sha, win_sha
 
 
-def sequence_folders(windows_dir: Path, kinds: tuple[str, ...]) -> list[Path]:
+def sequence_folders(windows: Path, kinds: tuple[str, ...]) -> tuple[Path, list[Path]]:
+    """The windows folder (its ``eval-windows.json`` names the tokenizer) and the sequence folders to run.
+
+    Given one token file (``cuts-512/tokens.safetensors``, the file a workflow rule declares), exactly its
+    folder, whose length must be one of ``kinds``; given the windows folder, its ``windows-<W>/`` and
+    ``cuts-<C>/`` folders of ``kinds``."""
+    from fideval.windows.layout import FILE
+
     bad = [k for k in kinds if k not in KINDS]
     if bad:
         raise FidevalError(f"--lengths: {bad[0]!r} is not one of {', '.join(KINDS)}", hint="e.g. --lengths windows,cuts")
-    folders = [p for k in kinds for p in sorted(windows_dir.glob(f"{k}-*")) if p.is_dir()]
+    if windows.is_file():
+        kind = windows.parent.name.rpartition("-")[0]
+        if windows.name != FILE or kind not in KINDS:
+            raise FidevalError(f"--windows {windows}: not a {FILE} in a windows-<W>/ or cuts-<C>/ folder", hint="give the windows folder")
+        if kind not in kinds:
+            raise FidevalError(f"--windows {windows} holds {kind}, not --lengths {','.join(kinds)}", hint=f"pass --lengths {kind}")
+        return windows.parent.parent, [windows.parent]
+    folders = [p for k in kinds for p in sorted(windows.glob(f"{k}-*")) if p.is_dir()]
     if not folders:
-        raise FidevalError(f"{windows_dir} has no {' or '.join(k + '-<L>/' for k in kinds)} folder", hint="run 'fideval windows' first")
-    return folders
+        raise FidevalError(f"{windows} has no {' or '.join(k + '-<L>/' for k in kinds)} folder", hint="run 'fideval windows' first")
+    return windows, folders
 
 
 class _Quiet:
@@ -72,7 +86,7 @@ def run_teacher(model_dir, windows_dir, out, *, kinds=KINDS, device="auto", dtyp
 
     model_dir, windows_dir, out = Path(model_dir), Path(windows_dir), Path(out)
     resolve_dtype(dtype)  # a bad name fails before any file is read
-    folders = sequence_folders(windows_dir, tuple(kinds))
+    windows_dir, folders = sequence_folders(windows_dir, tuple(kinds))
     model_sha, win_sha = _tokenizer_shas(model_dir, windows_dir)
     if model_sha and win_sha and model_sha != win_sha:
         raise FidevalError(f"{windows_dir / 'eval-windows.json'} was tokenized with tokenizer {win_sha[:12]}…, "

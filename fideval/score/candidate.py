@@ -27,7 +27,6 @@ import numpy as np
 
 from fideval.errors import FidevalError
 
-PATHS = ("serving", "weights-only")
 UNKNOWN = (None, "", "None", "local", "unknown")  # what a store records when it was told no identity
 
 
@@ -96,16 +95,6 @@ def teacher_settings(cfg: Any, teacher: Any, files: Any) -> dict[str, Any]:
     return out
 
 
-def _config_candidate(cfg: Any, name: str, path: str) -> Any:
-    by_name = {c.name: c for c in cfg.candidates}
-    if name not in by_name:
-        raise FidevalError(f"candidate {name!r} is not in the config", hint=f"one of: {', '.join(by_name) or 'none'}")
-    cand = by_name[name]
-    if path not in cand.paths:
-        raise FidevalError(f"candidate {name!r} has no path {path!r}", hint=f"its paths: {', '.join(cand.paths)}")
-    return cand
-
-
 def _model_run(files: Any, teacher: Any, settings: dict[str, Any], device: str, checkpoint: Any = None,
                **transforms: Any) -> Iterator[CandidateShard]:
     """The runner over the teacher's sequences, with the teacher's dtype and micro-batch; ``checkpoint`` (a real
@@ -119,31 +108,36 @@ def _model_run(files: Any, teacher: Any, settings: dict[str, Any], device: str, 
 
 
 def from_config(cfg: Any, name: str, path: str, teacher: Any, device: str) -> Candidate:
-    """Candidate ``name`` of ``cfg`` on ``path`` (serving or weights-only), run over the teacher's sequences:
-    its ``checkpoint:`` (a real build) when it names one, else its ``quant:`` spec emulated."""
-    cand = _config_candidate(cfg, name, path)
-    return real(cfg, name, path, teacher, device) if cand.checkpoint is not None else emulated(cfg, name, path, teacher, device)
-
-
-def emulated(cfg: Any, name: str, path: str, teacher: Any, device: str) -> Candidate:
-    """The reference checkpoint of ``cfg`` with candidate ``name``'s quant spec emulated on ``path``."""
+    """Candidate ``name`` of ``cfg`` on ``path`` (serving or weights-only), run over the teacher's sequences
+    with the teacher's settings (:func:`teacher_settings`): its ``checkpoint:`` (a real build) when it names
+    one, else its ``quant:`` spec emulated on the reference checkpoint."""
     from fideval.model_source import locate
+
+    by_name = {c.name: c for c in cfg.candidates}
+    if name not in by_name:
+        raise FidevalError(f"candidate {name!r} is not in the config", hint=f"one of: {', '.join(by_name) or 'none'}")
+    cand = by_name[name]
+    if path not in cand.paths:
+        raise FidevalError(f"candidate {name!r} has no path {path!r}", hint=f"its paths: {', '.join(cand.paths)}")
+    files = locate(cfg.model.path, cfg.model.revision)
+    settings = teacher_settings(cfg, teacher, files)
+    hooks, info = (_real if cand.checkpoint is not None else _emulated)(cand, path, files)
+    info = {"model_id": cfg.model.id, "model_revision": files.revision,
+            "activations": "e4m3 per 1x128" if path == "serving" else "none", **info}
+    return Candidate(name=name, path=path, shards=_model_run(files, teacher, settings, device, **hooks), info=info)
+
+
+def _emulated(cand: Any, path: str, files: Any) -> tuple[dict[str, Any], dict[str, Any]]:
+    """The runner's hooks and score.json's info for the reference checkpoint with ``cand``'s quant spec."""
     from fideval.quant.inspect import class_shapes
     from fideval.quant.spec import check_spec_classes, compile_spec
 
-    cand = _config_candidate(cfg, name, path)
-    files = locate(cfg.model.path, cfg.model.revision)
-    settings = teacher_settings(cfg, teacher, files)
     quant = cand.quant.model_dump(exclude_none=True)
     spec = compile_spec(quant)
     by_class = class_shapes(files.folder)
     check_spec_classes(quant, {c for c in by_class if c is not None})
-    shards = _model_run(files, teacher, settings, device, weight_transform=spec.weight_transform,
-                        act_transform=spec.act_transform if path == "serving" else None)
-    info = {"source": "emulated", "model_id": cfg.model.id, "model_revision": files.revision, "quant": quant,
-            "activations": "e4m3 per 1x128" if path == "serving" else "none",
-            "bits_per_weight": spec.bits(by_class)}
-    return Candidate(name=name, path=path, shards=shards, info=info)
+    hooks = {"weight_transform": spec.weight_transform, "act_transform": spec.act_transform if path == "serving" else None}
+    return hooks, {"source": "emulated", "quant": quant, "bits_per_weight": spec.bits(by_class)}
 
 
 def checkpoint_hooks(ckpt: Any, path: str) -> dict:
@@ -171,36 +165,29 @@ def checkpoint_identity(p) -> dict[str, Any]:
     return {"files": {f.name: sha256_file(f) for f in files}, "bytes": sum(f.stat().st_size for f in files)}
 
 
-def real(cfg: Any, name: str, path: str, teacher: Any, device: str) -> Candidate:
-    """The real quantized build of candidate ``name`` (``checkpoint:`` a .gguf file or a quantized
-    safetensors folder) through the runner: architecture and config from the reference model folder,
+def _real(cand: Any, path: str, files: Any) -> tuple[dict[str, Any], dict[str, Any]]:
+    """The runner's hooks and score.json's info for the real quantized build ``cand.checkpoint`` (a .gguf
+    file or a quantized safetensors folder): architecture and config from the reference model folder,
     weights decoded from the build layer by layer (``fideval.model.quantized``)."""
     from fideval.config import is_hub, resolve_path
     from fideval.model.quantized import open_real
     from fideval.model_source import locate
 
-    cand = _config_candidate(cfg, name, path)
-    files = locate(cfg.model.path, cfg.model.revision)
-    settings = teacher_settings(cfg, teacher, files)
     src = locate(cand.checkpoint).folder if is_hub(cand.checkpoint) else resolve_path(cand.checkpoint)
     ckpt = open_real(src, files.folder)
     act = checkpoint_hooks(ckpt, path)
     if path == "serving" and not act:
-        raise FidevalError(f"candidate {name!r}: checkpoint {src} quantizes no module class, so 'serving' equals 'weights-only'",
+        raise FidevalError(f"candidate {cand.name!r}: checkpoint {src} quantizes no module class, so 'serving' equals 'weights-only'",
                            hint="score it on paths: [weights-only]")
-    shards = _model_run(files, teacher, settings, device, act_transform=act or None, checkpoint=ckpt)
     if hasattr(ckpt, "bits"):
         bits, kind = ckpt.bits(), f"safetensors ({ckpt.quant_method or 'unquantized'})"
     else:
         from fideval.quant.gguf_file import gguf_bits
 
         bits, kind = gguf_bits(src), f"gguf ({ckpt.arch})"
-    info = {"source": "checkpoint", "model_id": cfg.model.id, "model_revision": files.revision,
-            "checkpoint": {"path": str(cand.checkpoint), "kind": kind, **checkpoint_identity(src)},
-            "activations": "e4m3 per 1x128" if path == "serving" else "none",
-            "quantized_classes": sorted(act) if act else sorted(ckpt.quantized_classes()),
-            "bits_per_weight": bits}
-    return Candidate(name=name, path=path, shards=shards, info=info)
+    info = {"source": "checkpoint", "checkpoint": {"path": str(cand.checkpoint), "kind": kind, **checkpoint_identity(src)},
+            "quantized_classes": sorted(act) if act else sorted(ckpt.quantized_classes()), "bits_per_weight": bits}
+    return {"act_transform": act or None, "checkpoint": ckpt}, info
 
 
 def store_shards(reader: Any, seq_ids: Iterable[str], device: Any = None, prefetch: int = 1) -> Iterator[CandidateShard]:

@@ -62,14 +62,11 @@ class ScoreSettings:
 
 
 def pick(device: str = "auto", kernel: str = "auto") -> tuple[torch.device, str]:
-    """Resolve ``device`` ("auto"/"cpu"/"cuda[:n]") and ``kernel`` ("auto"/"triton"/"torch")."""
+    """Resolve ``device`` ("auto"/"cpu"/"cuda[:n]", by the one resolver) and ``kernel`` ("auto"/"triton"/"torch")."""
+    from fideval.model.device import resolve_device
     from fideval.score import triton_kernel
 
-    if device == "auto":
-        device = "cuda" if torch.cuda.is_available() else "cpu"
-    dev = torch.device(device)
-    if dev.type == "cuda" and not torch.cuda.is_available():
-        raise FidevalError("--device cuda: no CUDA device is visible", hint="use --device cpu")
+    dev = resolve_device(device)
     if kernel == "auto":
         kernel = "triton" if dev.type == "cuda" and triton_kernel.available() else "torch"
     if kernel == "triton" and not (dev.type == "cuda" and triton_kernel.available()):
@@ -222,8 +219,7 @@ def _teacher_block(teacher: Any, store: str | None) -> TeacherRef:
                       manifest_sha256=sha256_file(man) if man.exists() else None)
 
 
-def self_check(teacher: Any, *, device: str = "auto", kernel: str = "auto", seq_ids: list[str] | None = None
-               ) -> dict[str, Any]:
+def self_check(teacher: Any, *, device: str = "auto", kernel: str = "auto") -> dict[str, Any]:
     """Score the teacher against itself: every row must give KLD exactly 0 and top-1 agreement.
 
     A scorer that returns 1e-17 here has a bug (identical inputs take identical float64 paths); the check
@@ -231,7 +227,7 @@ def self_check(teacher: Any, *, device: str = "auto", kernel: str = "auto", seq_
     """
     dev, kernel = pick(device, kernel)
     run = _Run(teacher, dev, kernel, ScoreSettings(cpu_check_every=10**12, cpu_check_tolerance=float("inf")))
-    ids = teacher.seq_ids if seq_ids is None else seq_ids
+    ids = teacher.seq_ids
     with progress("self-check", total=sum(teacher.entry(s)["rows"] for s in ids), unit="rows") as bar:
         for item in teacher_shards(teacher, ids):
             out = run.shard(item)
@@ -259,9 +255,7 @@ def score_candidate(teacher: Any, candidate: Candidate, out_dir: str | Path, set
     score.json's ``candidate_info``. When the candidate's ``order`` is known (a store's), on a GPU the
     teacher's shards are streamed in that order (:class:`_TeacherFeed`), else each is memory-mapped.
     """
-    device, kernel = settings.device, settings.kernel
-    cpu_check_every, cpu_check_tolerance, on_nonfinite = settings.cpu_check_every, settings.cpu_check_tolerance, settings.on_nonfinite
-    dev, kernel = pick(device, kernel)
+    dev, kernel = pick(settings.device, settings.kernel)
     checked_self = self_check(teacher, device=str(dev), kernel=kernel) if self_check_first else None
     out_dir = Path(out_dir)
     feed = _TeacherFeed(teacher, list(candidate.order), dev) if candidate.order and dev.type == "cuda" else None
@@ -290,10 +284,10 @@ def score_candidate(teacher: Any, candidate: Candidate, out_dir: str | Path, set
     summary = dump(ScoreSummary(
         candidate=candidate.name, path=candidate.path, length=next(iter(run.lengths)) if len(run.lengths) == 1 else None,
         rows=run.rows, teacher=_teacher_block(teacher, teacher_spec),
-        cpu_check=CpuCheck(rows_checked=run.checked, max_rel_diff=run.worst, tolerance=cpu_check_tolerance,
-                           every=cpu_check_every, worst=run.worst_at or None),
+        cpu_check=CpuCheck(rows_checked=run.checked, max_rel_diff=run.worst, tolerance=settings.cpu_check_tolerance,
+                           every=settings.cpu_check_every, worst=run.worst_at or None),
         self_check=SelfCheck(**checked_self) if checked_self is not None else None, nonfinite_rows=run.nonfinite,
-        on_nonfinite=on_nonfinite, device=torch.cuda.get_device_name(dev) if dev.type == "cuda" else "cpu",
+        on_nonfinite=settings.on_nonfinite, device=torch.cuda.get_device_name(dev) if dev.type == "cuda" else "cpu",
         kernel=kernel, figures=list(FIGURES), records=RECORDS_FILE, candidate_info=candidate.info, tool=tool))
     write_json(out_dir / "score.json", summary)
     return summary

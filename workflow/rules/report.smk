@@ -25,13 +25,16 @@ rule report:
         mem_mb=8000,
         runtime=60,
     params:
-        records=lambda w: " ".join(f"--records {d}" for d in records_dirs(w.run)),
-        selfcheck=lambda w: " ".join(f"--self-check {d}" for d in selfcheck_dirs(w.run)),
-        manifests=lambda w: " ".join(
-            f"--teacher-manifest {m}" for m in teacher_manifests(w.run)
+        # each declared file behind its option (the verb takes repeated --records, --self-check, --teacher-manifest)
+        records=lambda w, input: " ".join(f"--records {f}" for f in input.records),
+        selfcheck=lambda w, input: " ".join(
+            f"--self-check {f}" for f in input.selfcheck
+        ),
+        manifests=lambda w, input: " ".join(
+            f"--teacher-manifest {f}" for f in input.manifests
         ),
     shell:
-        "fideval report --config {input.config:q} --windows results/{wildcards.run}/windows {params.records}"
+        "fideval report --config {input.config:q} --windows {input.windows:q} {params.records}"
         " {params.selfcheck} {params.manifests} --out reports/{wildcards.run} > {log:q} 2>&1"
 
 

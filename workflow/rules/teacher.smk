@@ -10,6 +10,7 @@ for _kind in ["windows", "cuts"]:
         input:
             config=local(CONFIG_FILE),
             tokens=f"results/{{run}}/windows/{_kind}-{W if _kind == 'windows' else C}/tokens.safetensors",
+            meta="results/{run}/windows/eval-windows.json",  # its tokenizer fingerprint is checked against the model's
         output:
             manifest=f"results/{{run}}/teacher/{_kind}/{{domain}}/manifest.json",
             shards=shard_outputs(_kind),
@@ -27,6 +28,6 @@ for _kind in ["windows", "cuts"]:
             device=device,
             launcher=launcher(),
         shell:
-            "{params.launcher} teacher --config {input.config:q} --windows results/{wildcards.run}/windows"
-            " --kind {params.kind} --domain {wildcards.domain} --device {params.device}"
+            "{params.launcher} teacher --config {input.config:q} --windows {input.tokens:q}"
+            " --domain {wildcards.domain} --device {params.device}"
             " --out results/{wildcards.run}/teacher/{params.kind}/{wildcards.domain} > {log:q} 2>&1"
