@@ -68,3 +68,8 @@ def test_an_unknown_table_is_one_line(tmp_path, capsys):
     assert docs.main(["--check", "--docs", str(tmp_path)]) == 2
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and "formats-y.md: unknown table 'fields:nonesuch'" in err
+
+
+def test_a_folder_without_format_docs_is_one_line(tmp_path, capsys):
+    assert docs.main(["--check", "--docs", str(tmp_path)]) == 2
+    assert f"no formats*.md in {tmp_path}" in capsys.readouterr().err

@@ -53,6 +53,8 @@ def names(text: str) -> list[str]:
 
 def stale(docs: Path = DOCS) -> list[Path]:
     """The ``formats*.md`` files whose tables are not what the models give."""
+    if not any(docs.glob("formats*.md")):
+        raise FidevalError(f"no formats*.md in {docs}", hint="run it in a fideval checkout, or pass --docs")
     return [p for p in sorted(docs.glob("formats*.md")) if render(p.read_text(encoding="utf-8"), str(p)) !=
             p.read_text(encoding="utf-8")]
 
