@@ -19,6 +19,8 @@ from fideval.formats import records as rec_format
 from fideval.formats.model import parse
 from fideval.formats.score import FILE as SCORE_FILE
 from fideval.formats.score import ScoreSummary
+from fideval.formats.windows import FILE as WINDOWS_FILE
+from fideval.formats.windows import listing
 from fideval.fsio import sha256_file
 
 FLOAT_COLUMNS = rec_format.of_kind("float64")
@@ -200,44 +202,28 @@ def load_records(folder: str | Path) -> list[RecordSet]:
     return out
 
 
-_SHA_KEYS = ("token_sha256", "tokens_sha256", "sha256")
-
-
 def load_windows(folder: str | Path) -> dict[str, Any]:
     """eval-windows.json (the windows stage's record): file hash, per-window token SHA-256, domain sources.
 
-    Accepts ``windows`` as a list of objects with ``id`` (or ``window_id``), ``domain`` and a token hash
-    (``token_sha256``, ``tokens_sha256`` or ``sha256``), or as an object keyed by window id.
+    Read as a :class:`fideval.formats.windows.Listing`: the stage's own file or a thinner one, ``windows``
+    as a list of objects with ``id`` (or ``window_id``), ``domain`` and a token hash (``token_sha256``,
+    ``tokens_sha256`` or ``sha256``), or as an object keyed by window id.
     """
     folder = Path(folder)
-    path = folder / "eval-windows.json" if folder.is_dir() else folder
-    obj = read_json(path, "eval-windows.json")
-    raw = obj.get("windows")
-    if isinstance(raw, dict):
-        raw = [{"id": k, **v} for k, v in raw.items() if isinstance(v, dict)]
-    if not isinstance(raw, list):
-        raise FidevalError(
-            f"{path}: missing key 'windows' (a list of windows)", hint="rebuild with 'fideval windows'"
-        )
-    windows = {}
-    for i, w in enumerate(raw):
-        wid = w.get("id", w.get("window_id")) if isinstance(w, dict) else None
-        if not isinstance(wid, str):
-            raise FidevalError(f"{path}: windows[{i}] has no 'id'")
-        sha = next((w[k] for k in _SHA_KEYS if isinstance(w.get(k), str)), None)
-        windows[wid] = {"domain": w.get("domain", wid.rsplit("-", 1)[0]), "token_sha256": sha}
-    domains = obj.get("domains") if isinstance(obj.get("domains"), dict) else {}
-    sources = {name: d.get("source") for name, d in domains.items() if isinstance(d, dict)}
+    path = folder / WINDOWS_FILE if folder.is_dir() else folder
+    lst = listing(read_json(path, WINDOWS_FILE), str(path))
+    windows = {w.id: {"domain": w.domain or w.id.rsplit("-", 1)[0], "token_sha256": w.sha256}
+               for w in lst.windows}
+    sources = {name: d.get("source") for name, d in (lst.domains or {}).items() if isinstance(d, dict)}
     return {
         "file": str(path),
         "sha256": sha256_file(path),
-        "format": obj.get("format"),
-        "version": obj.get("version"),
+        "format": lst.format,
+        "version": lst.version,
         "windows": windows,
         "sources": sources,
-        "provenance": obj.get("provenance"),
+        "provenance": lst.provenance,
     }
-
 
 def load_teacher_manifest(path: str | Path) -> dict[str, Any]:
     """The logit store's manifest.json: its meta (model, canary) and its hash."""

@@ -16,6 +16,9 @@ import numpy as np
 
 from fideval.errors import FidevalError
 from fideval.formats.ids import cut_ids
+from fideval.formats.model import dump, parse
+from fideval.formats.windows import FILE as WINDOWS_FILE
+from fideval.formats.windows import EvalWindows
 from fideval.fsio import atomic_path, write_json
 from fideval.provenance import tool_block
 from fideval.windows.build import Built
@@ -23,10 +26,9 @@ from fideval.windows.layout import FILE, Sequences, length_dir, token_sha256, wr
 from fideval.windows.packing import Window
 from fideval.windows.screen import overlap_record
 
-FORMAT = "fideval.eval-windows"
-VERSION = 2  # v2: screen.calibration.distinct_ngrams may be null (docs/formats-windows.md)
-READABLE = (1, 2)  # v1 differs only in that field, so it is still read
-EVAL_WINDOWS = "eval-windows.json"
+FORMAT = EvalWindows.FORMAT
+VERSION = EvalWindows.VERSION
+EVAL_WINDOWS = WINDOWS_FILE
 INDEX = "index.parquet"
 STAGING = ".staging-"  # a dot-name: never mistaken for a result
 
@@ -76,6 +78,7 @@ def write_outputs(out: Path, built: list[Built], meta: dict[str, Any], cfg_windo
               "screen": meta["screen"] if meta["screen"] is not None else
               {"status": "skipped", "reason": "no screen.calibration configured"},
               "domains": meta["domains"], "windows": windows}
+    record = dump(parse(EvalWindows, record, str(Path(out) / EVAL_WINDOWS)))  # what is written is what the readers take
     for old in Path(out).glob(f"{STAGING}*"):  # left by a killed run (the caller holds the output lock)
         shutil.rmtree(old, ignore_errors=True)
     stage = Path(out) / f"{STAGING}{os.getpid()}"
@@ -106,7 +109,5 @@ def read_eval_windows(folder: Path) -> dict[str, Any]:
         rec = json.loads(path.read_text(encoding="utf-8"))
     except (json.JSONDecodeError, UnicodeDecodeError):
         raise FidevalError(f"{path} is not valid JSON", hint="rebuild the windows") from None
-    if rec.get("format") != FORMAT or rec.get("version") not in READABLE:
-        raise FidevalError(f"{path}: format {rec.get('format')!r} v{rec.get('version')}, expected {FORMAT} v{VERSION}",
-                           hint="rebuild the windows with this fideval")
+    parse(EvalWindows, rec, str(path))
     return rec

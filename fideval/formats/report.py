@@ -1,0 +1,149 @@
+"""``report.json`` (format ``fideval.report`` v1): what ``fideval report`` measured, from what, and how.
+
+Written by ``fideval.report.build``, read by ``fideval card`` and ``fideval check``
+(``fideval.report.schema.load_report``). The blocks the card and check read by name (settings,
+provenance, each result's identity) are typed here; the figure blocks (MEAN, AGREEMENT, QUANTILE in
+``docs/formats-report.md``), comparisons and checks stay JSON objects, since their keys vary by figure and
+check. Keys a reader requires are those the report has always been checked for; the rest are optional to
+read (older reports may lack them) and always written.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from fideval.formats.model import Model, key
+
+FILE = "report.json"
+_HINT = "regenerate it with 'fideval report' of this version"
+
+
+@dataclass(frozen=True, kw_only=True)
+class Settings(Model):
+    HINT = _HINT
+
+    resamples: int = key("bootstrap resamples B")
+    seed: int = key("seed of `numpy.random.default_rng` for the one resample matrix")
+    confidence: float = key("two-sided confidence of every interval, e.g. 0.95")
+    quantiles: list[float] = key("the KLD quantiles reported, e.g. [0.5, 0.9, 0.99, 0.999]")
+    quantile_method: str = key("numpy's quantile method (`linear`: type 7)")
+    clusters: int = key("G, windows with at least one row in some records set")
+    domains: list[str] = key("the domains, in report order")
+    cluster: str | None = key("the resampling unit's column, `window_id`", default=None)
+    resampling: str | None = key("how resamples are drawn, in words", default=None)
+    methods: dict[str, str] | None = key("each interval method's name and description", default=None)
+    mean: str | None = key("how a mean is taken, in words", default=None)
+    card_template: str | None = key("the card body template (config `report.card_template`), or null", default=None)
+
+
+@dataclass(frozen=True, kw_only=True)
+class Part(Model):
+    HINT = _HINT
+
+    records: str = key("the records folder")
+    records_sha256: str = key("SHA-256 of its records.parquet")
+    score_sha256: str = key("SHA-256 of its score.json")
+
+
+@dataclass(frozen=True, kw_only=True)
+class Input(Part):
+    candidate: str = key("the folder's candidate")
+    path: str = key("its path")
+    length: int = key("its length")
+
+
+@dataclass(frozen=True, kw_only=True)
+class DatasetWindow(Model):
+    HINT = _HINT
+
+    id: str = key("window id")
+    domain: str = key("its domain")
+    token_sha256: str | None = key("SHA-256 of its tokens, from eval-windows.json (null without `--windows`)")
+
+
+@dataclass(frozen=True, kw_only=True)
+class Dataset(Model):
+    HINT = _HINT
+
+    name: str = key("the config's `run`, or `fideval-windows`")
+    windows_file_sha256: str | None = key("SHA-256 of eval-windows.json (null without `--windows`)")
+    sources: dict[str, Any] | None = key("each domain's source, from eval-windows.json or the config")
+    windows: list[DatasetWindow] = key("every window, sorted by id")
+    windows_without_rows: list[str] = key("windows of eval-windows.json that no records set has")
+
+
+@dataclass(frozen=True, kw_only=True)
+class Provenance(Model):
+    HINT = _HINT
+
+    reference: dict[str, Any] = key("`model_id`, `model_revision` (and `trust_remote_code` with `--config`)")
+    base_model: str | None = key("config `report.base_model`, else the reference's model id")
+    dataset: Dataset = key("the evaluation windows")
+    tool: dict[str, Any] = key("fideval's name, version, git commit and Python")
+    config_hash: str | None = key("canonical SHA-256 of the config, or null without one")
+    teacher_stores: list[dict[str, Any]] | None = key("per length: store, model id and revision, manifest "
+                                                      "SHA-256, from score.json", default=None)
+    teacher_manifests: list[dict[str, Any]] | None = key("each `--teacher-manifest`: file, sha256, meta",
+                                                         default=None)
+    candidates: dict[str, Any] | None = key("per candidate: quant spec or checkpoint, and how each path and "
+                                            "length was scored", default=None)
+    inputs: list[Input] | None = key("one per records folder", default=None)
+    self_check_inputs: list[Input] | None = key("one per `--self-check` folder", default=None)
+
+
+@dataclass(frozen=True, kw_only=True)
+class Result(Model):
+    HINT = _HINT
+
+    candidate: str = key("candidate name")
+    path: str = key("`serving`, `weights-only` or `store`")
+    length: int = key("sequence length")
+    rows: int = key("records rows")
+    clusters: int = key("windows with rows")
+    overall: dict[str, Any] = key("`mean_kld`, `mean_rkld`, `mean_delta_nll` (MEAN), `top1`, `top5`, `top10` "
+                                  "(AGREEMENT), `kld_quantiles` (list of QUANTILE)")
+    domains: dict[str, Any] = key("per domain: rows, clusters, `mean_kld`, `top1`, `kld_quantiles`, flags")
+    positions: list[dict[str, Any]] = key("mean KLD by position bucket `[start, end)`")
+    confidence_buckets: list[dict[str, Any]] = key("top-1 agreement by reference top-1 probability bucket")
+    sequences: int | None = key("sequences scored", default=None)
+    inputs: list[Part] | None = key("the records folders merged into this set", default=None)
+
+
+@dataclass(frozen=True, kw_only=True)
+class Gates(Model):
+    HINT = _HINT
+
+    mean_kld_max: float | None = key("gate on each set's mean KLD, or null")
+    top1_min: float | None = key("gate on each set's top-1 agreement, or null")
+
+
+@dataclass(frozen=True, kw_only=True)
+class Plot(Model):
+    HINT = _HINT
+
+    file: str = key("PNG file name beside report.json")
+    kind: str = key("`kld-cdf`, `kld-position` or `top1-confidence`")
+    candidate: str = key("candidate")
+    path: str = key("path")
+    length: int = key("length")
+
+
+@dataclass(frozen=True, kw_only=True)
+class Report(Model):
+    FORMAT = "fideval.report"
+    VERSION = 1
+    KIND = "report format"
+    HINT = _HINT
+
+    format: str = key("`fideval.report`", default=FORMAT)
+    version: int = key("`1`", default=VERSION)
+    settings: Settings = key("the statistics' settings")
+    provenance: Provenance = key("what was measured, against what, by which fideval")
+    results: list[Result] = key("one per records set, sorted by (candidate, path, length)")
+    comparisons: dict[str, list[dict[str, Any]]] = key("`builds`, `paths`, `lengths`: ratios and differences "
+                                                       "(MEAN plus the figure's identity)")
+    checks: list[dict[str, Any]] = key("`name`, `status` (`pass`, `fail`, `not_run`), `detail`, and the "
+                                       "check's own figures")
+    gates: Gates = key("the gates `fideval check` applies by default")
+    plots: list[Plot] = key("the plots written beside report.json")
