@@ -73,7 +73,8 @@ def run_one(model: Path, teachers: dict, spec_dict: dict | None, path: str, out_
                              act_transform=spec.act_transform if path == "serving" else None, micro_batch=1)
         d = out_dir / dom
         cand = Candidate(name="c", path=path, shards=(CandidateShard(sid, x) for sid, x in logits))
-        score_candidate(teacher, cand, d, ScoreSettings(device="cpu", kernel="torch"), total_rows=len(seqs.ids) * (seqs.tokens.shape[1] - 1))
+        score_candidate(teacher, cand, d, ScoreSettings(device="cpu", kernel="torch"),
+                        total_rows=len(seqs.ids) * (seqs.tokens.shape[1] - 1))
         t = pq.read_table(d / "records.parquet", columns=["kld", "top1"])
         kld.append(t.column("kld").to_numpy())
         top1.append(t.column("top1").to_numpy())

@@ -43,7 +43,7 @@ def main() -> None:
     n = x.numel()
     ceiling = n / _time(lambda: x.clone(), a.device, a.repeats)
     dev = torch.cuda.get_device_name() if a.device.startswith("cuda") else f"cpu ({torch.get_num_threads()} threads)"
-    print(f"| format | recipe | Gelem/s | ceiling: float32 clone Gelem/s | fraction | device | tensor |")
+    print("| format | recipe | Gelem/s | ceiling: float32 clone Gelem/s | fraction | device | tensor |")
     print("|---|---|---|---|---|---|---|")
     for f in list_formats():
         for r in f.recipes:
