@@ -1,10 +1,7 @@
-"""The GPU scorer: a streaming Triton kernel that reads each FP32 logit once and sums in float64 (docs/score.md).
+"""The GPU scorer: a streaming Triton kernel that reads each FP32 logit once and sums in float64.
 
-:func:`_partials`: a one-warp program per (row, segment of 8,192 tokens) walks its segment in tiles of 2 x 64 tokens, the
-next tile's loads in flight, shifts raised to running maxima, unguarded table exps; a segment holding -inf, NaN/+inf or a
-spread over 640 nats is redone by :func:`guarded_segment`. It writes eight float64 partials a segment and the candidate's
-maximum of every tile. :func:`_post`: a program per row rescales them into the seven figures of :mod:`fideval.score.metrics`
-and ranks the reference argmax among the candidate's tokens, reading only tiles whose maximum reaches it.
+:func:`_partials` (a program per row and segment: tiles, running maxima, table exps, :func:`guarded_segment` for flagged
+segments), then :func:`_post` (a program per row: the seven figures and the rank). docs/score.md says how and what it measured.
 """
 
 from __future__ import annotations
@@ -49,11 +46,9 @@ if triton is not None:
 
     @triton.jit
     def _exp_tab(x, TAB, ASM: tl.constexpr, KC):
-        """exp(x), |x| <= 700: x = k ln2/1024 + r (k from the 1.5 * 2**52 rounding trick: t's low word), r by one FMA,
-        exp(r) - 1 = r q(r) with q the degree-2 part of a minimax cubic (9.4e-17 relative), times the table word.
-        ``KC``: :data:`KCONST` as float64 scalars (see :func:`_partials`). The table word ``TAB[k mod 1024] * 2**(k div 1024)``
-        is one integer add: entries are lowered by ``j << 42`` (:func:`exp_table`), adding ``k << 42`` restores and scales
-        them. ``ASM``: address and add in PTX (Triton's 64-bit code takes four instructions)."""
+        """exp(x), |x| <= 700: x = k ln2/1024 + r (k: t's low word after the 1.5 * 2**52 rounding trick), exp(r) - 1 = r q(r)
+        (q: the degree-2 part of a minimax cubic, 9.4e-17 relative), times ``TAB[k mod 1024] * 2**(k div 1024)``: one integer
+        add of ``k << 42`` (:func:`exp_table`). ``KC``: :data:`KCONST` as float64 scalars. ``ASM``: that add in PTX."""
         magic = _f64(x, 6755399441055744.0)
         t = tl.fma(x, tl.broadcast_to(KC[0], x.shape), magic)
         ki = t.to(tl.int64, bitcast=True).to(tl.int32)
@@ -131,10 +126,8 @@ if triton is not None:
 
     @triton.jit
     def _raise_shifts(ma32, mb32, ta, tb, sa, sb, acc, ia, a0, a1, o0, TAB, KC, R: tl.constexpr, W: tl.constexpr, ASM: tl.constexpr):
-        """The running maxima after a tile whose maxima are ``ta``/``tb``; when one grows (a uniform branch) the sums move to
-        it, and the reference argmax ``ia`` to the tile's first index of ``ta`` (``a1`` follows ``a0`` at ``o0 + W`` when
-        R == 2): strictly greater only, so the lowest index of the maximum is kept. Every term was taken at or below its
-        shift, so ``E - d S`` adds two numbers of one sign: no cancellation."""
+        """The running maxima after a tile of maxima ``ta``/``tb``; when one grows the sums move to it (``E - d S``: two numbers
+        of one sign), and the argmax ``ia`` to the tile's first index of ``ta`` (``a1`` at ``o0 + W`` when R == 2)."""
         na32 = tl.maximum(ma32, ta, propagate_nan=tl.PropagateNan.ALL)
         nb32 = tl.maximum(mb32, tb, propagate_nan=tl.PropagateNan.ALL)
         if (na32 > ma32) | (nb32 > mb32):
@@ -243,9 +236,8 @@ if triton is not None:
 
     @triton.jit
     def guarded_segment(pa, pb, n, ma, mb, TAB, W: tl.constexpr):
-        """The partial sums of a flagged segment (``n`` tokens, float64 maxima ``ma``/``mb``) shifted to its maxima with the
-        guarded element logic (-inf clamped, 700-nats floor; masked lanes arrive as -inf and add 0), and the finite-vs--inf
-        flags (bits 1 and 2: KL, reverse KL infinite). Rare."""
+        """A flagged segment's sums at its maxima ``ma``/``mb``, guarded (-inf clamped, 700-nats floor; masked lanes add 0),
+        and the finite-vs--inf flags (bits 1 and 2: KL, reverse KL infinite)."""
         w = tl.arange(0, W)
         ma32 = ma.to(tl.float32)
         mb32 = mb.to(tl.float32)
@@ -278,10 +270,8 @@ if triton is not None:
     @triton.jit
     def _partials(A, B, stride_a, stride_b, V, NCH, PF, TM, TAB, KINV: tl.float64, KNHI: tl.float64, KC4: tl.float64,
                   KC3: tl.float64, SEG: tl.constexpr, W: tl.constexpr, ASM: tl.constexpr, CARG: tl.constexpr):
-        """One (row, segment) per program: the eight partials (the segment's argmax in the flags word, ``flags | index << 4``)
-        and the candidate's tile maxima. A row's last segment has its own copy of the code, so every other one runs a loop of
-        constexpr length. ``CARG``: the exp's constants from ``KINV``..``KC3`` (the constant bank: literals were moved into
-        registers on every loop trip), else :func:`_lit_kc`."""
+        """One (row, segment) a program: eight partials (argmax in the flags word, ``flags | index << 4``), the tile maxima.
+        ``CARG``: the exp's constants from ``KINV``..``KC3`` (literals were moved into registers every trip), else literals."""
         pid = tl.program_id(0)
         row = (pid // NCH).to(tl.int64)
         seg = pid % NCH
@@ -338,9 +328,8 @@ if triton is not None:
     @triton.jit
     def _post(PF, TM, A, B, stride_a, stride_b, T, V, NCH, FIGS, FLAGS, BAD, SEG: tl.constexpr, NCH_P2: tl.constexpr,
               G: tl.constexpr, TB: tl.constexpr):
-        """A row's outputs: the seven figures, the realized token, and the rank of the reference argmax ``i`` up to 10: ten
-        tiles whose candidate maximum exceeds ``b[i]`` settle it unread; else only the tiles that exceed or tie ``b[i]``, and
-        the row's last < G tokens, are read."""
+        """A row's figures, flags and the rank of the reference argmax ``i`` up to 10: ten tiles whose candidate maximum
+        exceeds ``b[i]`` settle it unread; else only tiles that exceed or tie it, and the last < G tokens, are read."""
         row = tl.program_id(0).to(tl.int64)
         c = tl.arange(0, NCH_P2)
         cm = c < NCH
