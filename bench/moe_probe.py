@@ -18,7 +18,6 @@ import os
 import sys
 
 import torch
-
 from cuda_timing import timed as cuda_timed  # bench/, beside this file
 
 PEAK = 989e12
@@ -39,8 +38,8 @@ def profile_module(a, dev, mm_rate: float) -> list[str]:
     from transformers import DeepseekV3Config
     from transformers.models.deepseek_v3.modeling_deepseek_v3 import DeepseekV3MoE
 
-    H, I, E, K, T = a.hidden, a.inter, a.experts, a.topk, a.module_tokens
-    cfg = DeepseekV3Config(hidden_size=H, moe_intermediate_size=I, n_routed_experts=E, num_experts_per_tok=K,
+    H, inter, E, K, T = a.hidden, a.inter, a.experts, a.topk, a.module_tokens
+    cfg = DeepseekV3Config(hidden_size=H, moe_intermediate_size=inter, n_routed_experts=E, num_experts_per_tok=K,
                            n_group=8, topk_group=4, n_shared_experts=1, norm_topk_prob=True, routed_scaling_factor=2.5)
     cfg._experts_implementation = "grouped_mm"
     old = torch.get_default_dtype()
@@ -96,7 +95,7 @@ def profile_module(a, dev, mm_rate: float) -> list[str]:
             sustained.append(s0.elapsed_time(s1))
         mod.experts.forward = hf_forward
         del want, got
-    flops = 2 * T * 3 * H * I * (K + 1) + 2 * T * H * E
+    flops = 2 * T * 3 * H * inter * (K + 1) + 2 * T * H * E
     dtypes = sorted({str(p.dtype) for p in mod.parameters()})
     lines = ["", f"transformers DeepseekV3MoE, {T:,} tokens (router + {E} routed x top-{K} + 1 shared; params {dtypes}): "
              f"{sec * 1e3:.1f} ms, {flops / sec / 1e12:.0f} TFLOP/s = {100 * flops / sec / PEAK:.1f} % of 989 "
@@ -118,7 +117,7 @@ def profile_module(a, dev, mm_rate: float) -> list[str]:
             shapes = str(e.input_shapes)[:70] if e.input_shapes else ""
             lines.append(f"| {e.key[:70]} {shapes} | {e.count} | {e.self_device_time_total / 1e3:.2f} | "
                          f"{100 * e.self_device_time_total / total:.1f} % |")
-    del mod, x
+    mod = x = None  # free the block before empty_cache (a del would unbind names the timed lambdas hold)
     torch.cuda.empty_cache()
     return lines
 
@@ -144,14 +143,14 @@ def main() -> None:
 
         determinism.configure()
     dev = torch.device("cuda")
-    H, I, E, K = a.hidden, a.inter, a.experts, a.topk
+    H, inter, E, K = a.hidden, a.inter, a.experts, a.topk
     g = torch.Generator(device=dev).manual_seed(0)
     x8 = torch.randn(8192, 8192, device=dev, dtype=torch.bfloat16, generator=g)
     t_mm = timed(lambda: x8 @ x8)
     mm_rate = 2 * 8192 ** 3 / t_mm
-    del x8
-    w_up = torch.randn(E, 2 * I, H, device=dev, dtype=torch.bfloat16, generator=g) * 0.02  # [E, out, in] as HF
-    w_dn = torch.randn(E, H, I, device=dev, dtype=torch.bfloat16, generator=g) * 0.02
+    x8 = None  # freed before the experts' weights are allocated
+    w_up = torch.randn(E, 2 * inter, H, device=dev, dtype=torch.bfloat16, generator=g) * 0.02  # [E, out, in] as HF
+    w_dn = torch.randn(E, H, inter, device=dev, dtype=torch.bfloat16, generator=g) * 0.02
     rows = []
     for T in [int(v) for v in a.tokens.split(",")]:
         h = torch.randn(T, H, device=dev, dtype=torch.bfloat16, generator=g)
@@ -224,18 +223,18 @@ def main() -> None:
 
         loop()
         st["per-expert torch.mm loop (GEMMs + gate only)"] = timed(loop, 3)
-        gemm_flops = 2 * T * K * 3 * H * I
+        gemm_flops = 2 * T * K * 3 * H * inter
         for name, sec in st.items():
             f = gemm_flops if ("whole" in name or "loop" in name) else (
-                2 * T * K * 2 * I * H if name.startswith("up") else 2 * T * K * I * H if name.startswith("down") else 0)
+                2 * T * K * 2 * inter * H if name.startswith("up") else 2 * T * K * inter * H if name.startswith("down") else 0)
             rows.append((T, name, sec, f))
-        del h, xs, up, act, dn, w_up_t, w_dn_t
+        h = xs = up = act = dn = w_up_t = w_dn_t = None  # freed before the next size
         torch.cuda.empty_cache()
-    del w_up, w_dn
+    w_up = w_dn = None
     torch.cuda.empty_cache()
     module_lines = profile_module(a, dev, mm_rate) if a.module_tokens else []
     print(f"MoE probe: {torch.cuda.get_device_name(dev)}, deterministic {not a.nondeterministic}, hidden {H}, "
-          f"{E} experts x {I}, top-{K}; dense bf16 "
+          f"{E} experts x {inter}, top-{K}; dense bf16 "
           f"8192^3 matmul measured {mm_rate / 1e12:.0f} TFLOP/s (datasheet {PEAK / 1e12:.0f})")
     print("| tokens | stage | ms | TFLOP/s | % of measured matmul | % of 989 peak |")
     print("|---:|---|---:|---:|---:|---:|")

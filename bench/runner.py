@@ -66,15 +66,16 @@ def layer_tensors(s: dict, i: int) -> list[tuple[str, tuple[int, ...]]]:
          (p + "self_attn.kv_b_proj.weight", (nh * (s["nope"] + s["v"]), s["kv_lora"])),
          (p + "self_attn.o_proj.weight", (H, nh * s["v"]))]
     if i == 0:
-        I = s["dense_inter"]
-        return t + [(p + "mlp.gate_proj.weight", (I, H)), (p + "mlp.up_proj.weight", (I, H)), (p + "mlp.down_proj.weight", (H, I))]
-    I, E = s["moe_inter"], s["experts"]
+        inter = s["dense_inter"]
+        return t + [(p + "mlp.gate_proj.weight", (inter, H)), (p + "mlp.up_proj.weight", (inter, H)),
+                    (p + "mlp.down_proj.weight", (H, inter))]
+    inter, E = s["moe_inter"], s["experts"]
     t += [(p + "mlp.gate.weight", (E, H)), (p + "mlp.gate.e_score_correction_bias", (E,)),
-          (p + "mlp.shared_experts.gate_proj.weight", (I, H)), (p + "mlp.shared_experts.up_proj.weight", (I, H)),
-          (p + "mlp.shared_experts.down_proj.weight", (H, I))]
+          (p + "mlp.shared_experts.gate_proj.weight", (inter, H)), (p + "mlp.shared_experts.up_proj.weight", (inter, H)),
+          (p + "mlp.shared_experts.down_proj.weight", (H, inter))]
     for e in range(E):
-        t += [(p + f"mlp.experts.{e}.gate_proj.weight", (I, H)), (p + f"mlp.experts.{e}.up_proj.weight", (I, H)),
-              (p + f"mlp.experts.{e}.down_proj.weight", (H, I))]
+        t += [(p + f"mlp.experts.{e}.gate_proj.weight", (inter, H)), (p + f"mlp.experts.{e}.up_proj.weight", (inter, H)),
+              (p + f"mlp.experts.{e}.down_proj.weight", (H, inter))]
     return t
 
 
@@ -335,14 +336,16 @@ def main() -> None:
         ("ours: MoE FLOP utilisation (inside MoE blocks)", f"{moe_util:.1%} (routed experts: "
          f"{'transformers grouped_mm' if a.hf_experts else 'fideval.model.experts'}; {moe_util_norm:.1%} with the "
          f"layers' post-attention norms and residual adds counted as MoE time too)", ">= 40 % of 989 TFLOP/s"),
-        ("ours: attention time / MoE time / dense MLP time", f"{st.get('attn_s', 0):.1f} / {st.get('moe_s', 0):.1f} / {st.get('mlp_s', 0):.1f} s", ""),
+        ("ours: attention time / MoE time / dense MLP time",
+         f"{st.get('attn_s', 0):.1f} / {st.get('moe_s', 0):.1f} / {st.get('mlp_s', 0):.1f} s", ""),
         ("ours: routed experts alone (part of MoE time) / norms + residual adds (outside it)",
          f"{st.get('routed_experts_s', 0):.2f} / {st.get('norm_s', 0):.2f} s", ""),
         ("ours: MoE block ms, first / median / max (full blocks of the same size)", _spread(st.get("moe_s_each", [])), ""),
         ("ours: attention ms per micro-batch, first / median / max", _spread(attn_each), ""),
         ("ours: warm-up (Triton compile before the first layer, each MLP kind once on 64 tokens; in the wall time)",
          f"{st.get('warmup_s', 0.0):.2f} s", ""),
-        ("ours: weight-load time hidden behind compute", f"{hidden:.1%} (load {st['load_s']:.1f} s, waited {st['wait_s']:.1f} s)", ">= 90 %"),
+        ("ours: weight-load time hidden behind compute", f"{hidden:.1%} (load {st['load_s']:.1f} s, waited {st['wait_s']:.1f} s)",
+         ">= 90 %"),
         ("ours: hidden share after the first layer", f"{steady:.1%}", "(layer 0 can never overlap)"),
         ("ours: peak GPU memory / ledger peak weights", f"{st['peak_gpu_gb']:.1f} GB / {st['ledger_peak_gb']:.1f} GB "
                                                        f"(largest layer {st['ledger_largest_gb']:.1f} GB)", "<= 2.5 layers"),

@@ -25,9 +25,10 @@ import torch
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
+from cuda_timing import clock_note, sustained, timed  # noqa: E402  (bench/, beside this file)
+
 from fideval.score import reference, triton_kernel  # noqa: E402
 from fideval.score.metrics import max_rel_diff  # noqa: E402
-from cuda_timing import clock_note, sustained, timed  # noqa: E402  (bench/, beside this file)
 
 
 def parse_config(cfg: str) -> dict:
@@ -41,6 +42,22 @@ def plain_torch(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
     lp = torch.log_softmax(a.double(), dim=-1)
     lq = torch.log_softmax(b.double(), dim=-1)
     return (lp.exp() * (lp - lq)).sum(dim=-1)
+
+
+def copy_ceilings(n: int, V: int, dev: torch.device, args) -> tuple:
+    """Copy GB/s and the rows/s a scorer reading at that rate reaches: one copy of 2 x n rows, ``--back-to-back`` copies
+    in one timing, and (when ``--sustained`` > 0) ``--sustained`` seconds on end; the buffers are freed on return."""
+    src = torch.empty(2 * n * V, dtype=torch.float32, device=dev).uniform_()
+    dst = torch.empty_like(src)
+    t_copy = timed(lambda: dst.copy_(src), args.reps)
+    copy_gbs = 2 * src.numel() * 4 / t_copy / 1e9
+    ceiling = copy_gbs * 1e9 / (2 * V * 4)
+    # the same, K calls back to back inside one timing (a stream of shards): the per-call launch gap hidden
+    t_copy_k = timed(lambda: [dst.copy_(src) for _ in range(args.back_to_back)], args.reps) / args.back_to_back
+    ceiling_k = 2 * src.numel() * 4 / t_copy_k / (2 * V * 4)
+    # the same for seconds on end, with the clock it runs at: the ceiling of a long scoring run
+    copy_s = sustained(lambda: dst.copy_(src), args.sustained) if args.sustained > 0 else None
+    return copy_gbs, ceiling, ceiling_k, copy_s
 
 
 def main() -> None:
@@ -69,17 +86,7 @@ def main() -> None:
     t = torch.randint(0, V, (n,), device=dev, generator=g)
     need = 2 * n * V * 4
 
-    src = torch.empty(2 * n * V, dtype=torch.float32, device=dev).uniform_()
-    dst = torch.empty_like(src)
-    t_copy = timed(lambda: dst.copy_(src), args.reps)
-    copy_gbs = 2 * src.numel() * 4 / t_copy / 1e9
-    ceiling = copy_gbs * 1e9 / (2 * V * 4)
-    # the same, K calls back to back inside one timing (a stream of shards): the per-call launch gap hidden
-    t_copy_k = timed(lambda: [dst.copy_(src) for _ in range(args.back_to_back)], args.reps) / args.back_to_back
-    ceiling_k = 2 * src.numel() * 4 / t_copy_k / (2 * V * 4)
-    # the same for seconds on end, with the clock it runs at: the ceiling of a long scoring run
-    copy_s = sustained(lambda: dst.copy_(src), args.sustained) if args.sustained > 0 else None
-    del src, dst
+    copy_gbs, ceiling, ceiling_k, copy_s = copy_ceilings(n, V, dev, args)
 
     rows_out = []
     sample = np.unique(np.concatenate([np.linspace(0, n - 1, args.check_rows).astype(int), [0, n - 1]]))
@@ -102,8 +109,7 @@ def main() -> None:
         err, where = max_rel_diff(f_np[sample], fl_np[sample], ref_figs, ref_flags)
         selff, selffl, _ = triton_kernel.score_rows(a, a, t, **kw)
         exact = bool((selff[:, 0] == 0).all().item() and selffl[:, 0].all().item())
-        res = ""
-        info[cfg] = (err, f"worst {where or '-'}; self-check exact {exact}; compile {compile_s:.1f}s{res}", exact)
+        info[cfg] = (err, f"worst {where or '-'}; self-check exact {exact}; compile {compile_s:.1f}s", exact)
     for _ in range(args.rounds):  # the timings, round-robin over the configurations: drifting clocks hit all alike
         for cfg in cfgs:
             if isinstance(info[cfg], tuple):

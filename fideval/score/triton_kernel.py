@@ -1,12 +1,7 @@
 """The GPU scorer: a streaming Triton kernel that reads each FP32 logit once and sums in float64.
 
-Two launches (docs/score.md says why this shape and what it measured). :func:`_partials`: one one-warp
-program per (row, segment of 8,192 tokens) walks its segment in tiles of 2 x 64 tokens, the next tile's
-loads in flight, shifts raised to running maxima, unguarded table exps; a segment holding -inf, NaN/+inf or a
-spread over 640 nats is redone at its end by :func:`guarded_segment`. It writes eight float64 partials a
-segment and the candidate's maximum of every tile. :func:`_post`: one program per row rescales the partials
-into the seven figures of :mod:`fideval.score.metrics` and ranks the reference argmax among the candidate's
-tokens, reading only tiles whose maximum reaches it. No float64 ``[rows, V]`` tensor is materialised.
+:func:`_partials` (a program per row and segment: tiles, running maxima, table exps, :func:`guarded_segment` for flagged
+segments), then :func:`_post` (a program per row: the seven figures and the rank). docs/score.md says how and what it measured.
 """
 
 from __future__ import annotations
@@ -34,8 +29,8 @@ def available() -> bool:
 
 
 if triton is not None:
-    # nats below its segment's maximum that a token may lie for the unguarded sums to stand (the exponent add
-    # stays normal to 1022 * ln 2 = 708 nats; sums of ~1e5 terms of up to e**0 cannot overflow)
+    # nats below its segment's maximum that a token may lie for the unguarded sums to stand (the exponent add stays normal
+    # to 1022 * ln 2 = 708 nats; sums of ~1e5 terms of up to e**0 cannot overflow)
     RANGE = tl.constexpr(640.0)
 
     @triton.jit
@@ -44,44 +39,32 @@ if triton is not None:
         return tl.full(like.shape, v, tl.float64)
 
     @triton.jit
-    def _tab_word(ki, TAB, ASM: tl.constexpr):
-        """``TAB[k mod 1024]`` already scaled by ``2**(k div 1024)``: the table's entries are lowered by
-        ``j << 42`` (:func:`exp_table`), so adding ``k << 42`` restores the entry and adds ``k div 1024`` to its
-        exponent in one integer instruction. ``ASM``: address and add in PTX (Triton's 64-bit code takes four)."""
+    def _lit_kc():
+        # KCONST as literals (the interpreter passes float scalars as float32; the guarded pass keeps its literal code)
+        return (tl.full((), 1477.3197218702985, tl.float64), tl.full((), -0.0006769015435155716, tl.float64),
+                tl.full((), 0.16666666680247416, tl.float64), tl.full((), 0.5000000039617454, tl.float64))
+
+    @triton.jit
+    def _exp_tab(x, TAB, ASM: tl.constexpr, KC):
+        """exp(x), |x| <= 700: x = k ln2/1024 + r (k: t's low word after the 1.5 * 2**52 rounding trick), exp(r) - 1 = r q(r)
+        (q: the degree-2 part of a minimax cubic, 9.4e-17 relative), times ``TAB[k mod 1024] * 2**(k div 1024)``: one integer
+        add of ``k << 42`` (:func:`exp_table`). ``KC``: :data:`KCONST` as float64 scalars. ``ASM``: that add in PTX."""
+        magic = _f64(x, 6755399441055744.0)
+        t = tl.fma(x, tl.broadcast_to(KC[0], x.shape), magic)
+        ki = t.to(tl.int64, bitcast=True).to(tl.int32)
+        kd = t - magic
+        r = tl.fma(kd, tl.broadcast_to(KC[1], x.shape), x)
         mask = tl.full(ki.shape, 1023, tl.int32)  # constants as operands: ptxas folds them into the instructions
         if ASM:
             tab = tl.inline_asm_elementwise(
                 "{ .reg .b32 i, lo, hi, s; .reg .b64 p; and.b32 i, $1, $3; mad.wide.u32 p, i, 8, $2;"
                 " ld.global.nc.v2.u32 {lo, hi}, [p]; shl.b32 s, $1, $4; add.s32 hi, hi, s; mov.b64 $0, {lo, hi}; }",
-                "=d,r,l,r,r", [ki, TAB + tl.zeros_like(ki), mask, tl.full(ki.shape, 10, tl.int32)],
-                dtype=tl.float64, is_pure=True, pack=1)
+                "=d,r,l,r,r", [ki, TAB + tl.zeros_like(ki), mask, tl.full(ki.shape, 10, tl.int32)], dtype=tl.float64,
+                is_pure=True, pack=1)
         else:
             tab = tl.load(TAB + (ki & 1023))
             tab = (tab.to(tl.int64, bitcast=True) + (ki.to(tl.int64) << 42)).to(tl.float64, bitcast=True)
-        return tab
-
-    @triton.jit
-    def _exp_tab(x, TAB, ASM: tl.constexpr, KC=None):
-        """exp(x), |x| <= 700: x = k ln2/1024 + r (k from the 1.5 * 2**52 rounding trick: t's low word), r by one
-        FMA, exp(r) - 1 = r q(r) with q the degree-2 part of a minimax cubic (9.4e-17 relative), times the table
-        word. ``KC``: the constants as kernel arguments (read from the constant bank; literals were moved into
-        registers on every loop trip), else literals of the same values."""
-        magic = _f64(x, 6755399441055744.0)
-        if KC is None:
-            t = tl.fma(x, _f64(x, 1477.3197218702985), magic)
-        else:
-            t = tl.fma(x, tl.broadcast_to(KC[0], x.shape), magic)
-        ki = t.to(tl.int64, bitcast=True).to(tl.int32)
-        kd = t - magic
-        if KC is None:
-            r = tl.fma(kd, _f64(x, -0.0006769015435155716), x)
-        else:
-            r = tl.fma(kd, tl.broadcast_to(KC[1], x.shape), x)
-        tab = _tab_word(ki, TAB, ASM)
-        if KC is None:
-            q = tl.fma(_f64(x, 0.16666666680247416), r, _f64(x, 0.5000000039617454))
-        else:
-            q = tl.fma(tl.broadcast_to(KC[2], x.shape), r, tl.broadcast_to(KC[3], x.shape))
+        q = tl.fma(tl.broadcast_to(KC[2], x.shape), r, tl.broadcast_to(KC[3], x.shape))
         q = tl.fma(q, r, _f64(x, 1.0))
         return tl.fma(tab, q * r, tab)
 
@@ -90,24 +73,12 @@ if triton is not None:
         return a0 + b0, a1 + b1, a2 + b2, a3 + b3, a4 + b4
 
     @triton.jit
-    def _max2(a1, b1, a2, b2):
-        return tl.maximum(a1, a2), tl.maximum(b1, b2)
-
-    @triton.jit
     def _nanmax(x, y):
         return tl.maximum(x, y, propagate_nan=tl.PropagateNan.ALL)
 
     @triton.jit
-    def _nanmax2(a1, b1, a2, b2):
-        return _nanmax(a1, a2), _nanmax(b1, b2)
-
-    @triton.jit
     def _nanmin(x, y):
         return tl.minimum(x, y, propagate_nan=tl.PropagateNan.ALL)
-
-    @triton.jit
-    def _nanmin2(a1, b1, a2, b2):
-        return _nanmin(a1, a2), _nanmin(b1, b2)
 
     @triton.jit
     def _or(x, y):
@@ -130,65 +101,33 @@ if triton is not None:
         return acc_sa + ea, acc_sb + eb, acc_x + ea * e, acc_y + eb * e, acc_e + ea * xa
 
     @triton.jit
-    def _safe_tile(a, b, ma32, mb32, sa, sb, acc, u_a, u_b, TAB):
-        """The guarded element logic (-inf clamped, 700-nats floor) for one tile; masked lanes arrive as -inf
-        and add 0. ``u_a``/``u_b`` track the finite-vs--inf tests."""
-        acc_sa, acc_sb, acc_x, acc_y, acc_e = acc
-        xa = tl.maximum(a, -3.4028234663852886e38).to(tl.float64) - sa
-        xb = tl.maximum(b, -3.4028234663852886e38).to(tl.float64) - sb
-        # below the floor the exp's input is garbage (its table index stays in bounds: k mod N) and is not taken
-        ea = tl.where(a - ma32 >= -700.0, _exp_tab(xa, TAB, 0, None), 0.0)
-        eb = tl.where(b - mb32 >= -700.0, _exp_tab(xb, TAB, 0, None), 0.0)
-        e = xa - xb
-        u_a = tl.maximum(u_a, tl.where(b == float("-inf"), a, float("-inf")))  # > -inf somewhere: KL = +inf
-        u_b = tl.maximum(u_b, tl.where(a == float("-inf"), b, float("-inf")))  # the mirror: reverse KL = +inf
-        return (acc_sa + ea, acc_sb + eb, acc_x + ea * e, acc_y + eb * e, acc_e + ea * xa), u_a, u_b
-
-    @triton.jit
     def _pack8(j, ma, mb, s_a, s_b, x_, y_, ea_, flags):
-        """The eight float64 partials of one segment, laid along ``j = arange(8)`` for one store."""
+        # the eight float64 partials of one segment, laid along j = arange(8) for one store
         return tl.where(j == 0, ma, tl.where(j == 1, mb, tl.where(j == 2, s_a, tl.where(j == 3, s_b, tl.where(
             j == 4, x_, tl.where(j == 5, y_, tl.where(j == 6, ea_, flags.to(tl.float64))))))))
 
     @triton.jit
-    def _shift_to(acc, sa, sb, na, nb, TAB, KC, ASM: tl.constexpr):
-        """Move the five sums from the shifts ``sa``/``sb`` to the higher ``na``/``nb``. Every term was taken at
-        or below its shift, so ``E - d S`` adds two numbers of one sign: no cancellation."""
-        acc_sa, acc_sb, acc_x, acc_y, acc_e = acc
-        da = na - sa
-        db = nb - sb
-        wa = _exp_tab(-da, TAB, ASM, KC)
-        wb = _exp_tab(-db, TAB, ASM, KC)
-        return (wa * acc_sa, wb * acc_sb, wa * (acc_x - (da - db) * acc_sa), wb * (acc_y - (da - db) * acc_sb),
-                wa * (acc_e - da * acc_sa))
-
-    @triton.jit
-    def _key32(x):
-        """float32 -> an int32 of the same order (one ``redux.sync`` for a warp maximum); its own inverse."""
-        u = x.to(tl.int32, bitcast=True)
+    def _key32(u):
+        """A float32's bits -> an int32 of the same order (one ``redux.sync`` for a warp maximum); its own inverse."""
         return u ^ ((u >> 31) & 0x7FFFFFFF)
 
     @triton.jit
-    def _unkey32(k):
-        return (k ^ ((k >> 31) & 0x7FFFFFFF)).to(tl.float32, bitcast=True)
-
-    @triton.jit
     def _tile_max(a0, b0, a1, b1):
-        """The two rows' maxima over a tile: each lane's pair maximum in float32, then one integer key a lane
-        (a NaN of negative sign is lost here, so NaN is also caught by the NaN-propagating minima)."""
+        """The two rows' maxima over a tile: each lane's pair maximum in float32, then one integer key a lane (a NaN of
+        negative sign is lost here, so NaN is also caught by the NaN-propagating minima)."""
         xa = tl.maximum(a0, a1, propagate_nan=tl.PropagateNan.ALL)
         xb = tl.maximum(b0, b1, propagate_nan=tl.PropagateNan.ALL)
         W: tl.constexpr = xa.shape[0]
         xa = tl.reduce(tl.reshape(xa, [W // 2, 2]), 1, _nanmax)
         xb = tl.reduce(tl.reshape(xb, [W // 2, 2]), 1, _nanmax)
-        return _unkey32(tl.max(_key32(xa), 0)), _unkey32(tl.max(_key32(xb), 0))
+        ka = _key32(tl.max(_key32(xa.to(tl.int32, bitcast=True)), 0))
+        kb = _key32(tl.max(_key32(xb.to(tl.int32, bitcast=True)), 0))
+        return ka.to(tl.float32, bitcast=True), kb.to(tl.float32, bitcast=True)
 
     @triton.jit
-    def _raise_shifts(ma32, mb32, ta, tb, sa, sb, acc, ia, a0, a1, o0, TAB, KC, R: tl.constexpr, W: tl.constexpr,
-                      ASM: tl.constexpr):
-        """The running maxima after a tile whose maxima are ``ta``/``tb``; when one grows (a uniform branch) the
-        sums move to it, and the reference argmax ``ia`` to the tile's first index of ``ta`` (``a1`` follows
-        ``a0`` at ``o0 + W`` when R == 2): strictly greater only, so the lowest index of the maximum is kept."""
+    def _raise_shifts(ma32, mb32, ta, tb, sa, sb, acc, ia, a0, a1, o0, TAB, KC, R: tl.constexpr, W: tl.constexpr, ASM: tl.constexpr):
+        """The running maxima after a tile of maxima ``ta``/``tb``; when one grows the sums move to it (``E - d S``: two numbers
+        of one sign), and the argmax ``ia`` to the tile's first index of ``ta`` (``a1`` at ``o0 + W`` when R == 2)."""
         na32 = tl.maximum(ma32, ta, propagate_nan=tl.PropagateNan.ALL)
         nb32 = tl.maximum(mb32, tb, propagate_nan=tl.PropagateNan.ALL)
         if (na32 > ma32) | (nb32 > mb32):
@@ -197,7 +136,13 @@ if triton is not None:
                 if R == 2:
                     j = tl.minimum(j, tl.min(tl.where(a1 == ta, o0 + W, 2147483647), 0))
                 ia = j
-            acc = _shift_to(acc, sa, sb, na32.to(tl.float64), nb32.to(tl.float64), TAB, KC, ASM)
+            acc_sa, acc_sb, acc_x, acc_y, acc_e = acc
+            da = na32.to(tl.float64) - sa
+            db = nb32.to(tl.float64) - sb
+            wa = _exp_tab(-da, TAB, ASM, KC)
+            wb = _exp_tab(-db, TAB, ASM, KC)
+            acc = (wa * acc_sa, wb * acc_sb, wa * (acc_x - (da - db) * acc_sa), wb * (acc_y - (da - db) * acc_sb),
+                   wa * (acc_e - da * acc_sa))
             sa = na32.to(tl.float64)
             sb = nb32.to(tl.float64)
         return na32, nb32, sa, sb, acc, ia
@@ -217,45 +162,38 @@ if triton is not None:
         """:func:`_fast_tile` into one set of accumulators a lane: its first tokens, then its second ones."""
         al, ah = _halves(a)
         bl, bh = _halves(b)
-        if MASKED:
-            ml, mh = _halves(m)
-        else:
-            ml = m
-            mh = m
+        ml, mh = _halves(m) if MASKED else (m, m)
         acc = _fast_tile(al, bl, sa, sb, ml, acc, TAB, KC, ASM, MASKED)
         return _fast_tile(ah, bh, sa, sb, mh, acc, TAB, KC, ASM, MASKED)
 
     @triton.jit
     def _tile_update(a0, b0, a1, b1, o0, st, ptm, TAB, KC, W: tl.constexpr, ASM: tl.constexpr):
-        """One tile (``a0``/``b0`` at offsets ``o0``, ``a1``/``b1`` right after): raise the shifts to its maxima,
-        then add its terms; its candidate maximum goes to ``ptm``. ``st``: maxima, shifts, minima, sums, argmax."""
+        """One tile (``a0``/``b0`` at offsets ``o0``, ``a1``/``b1`` right after): raise the shifts to its maxima, then add
+        its terms; its candidate maximum goes to ``ptm``. ``st``: maxima, shifts, minima, sums, argmax."""
         ma32, mb32, sa, sb, mn_a, mn_b, acc, ia = st
         ta, tb = _tile_max(a0, b0, a1, b1)
         tl.store(ptm, tb)
         mn_a = _nanmin(mn_a, _nanmin(_lane_min(a0), _lane_min(a1)))
         mn_b = _nanmin(mn_b, _nanmin(_lane_min(b0), _lane_min(b1)))
-        ma32, mb32, sa, sb, acc, ia = _raise_shifts(ma32, mb32, ta, tb, sa, sb, acc, ia, a0, a1, o0, TAB, KC, 2, W,
-                                                    ASM)
+        ma32, mb32, sa, sb, acc, ia = _raise_shifts(ma32, mb32, ta, tb, sa, sb, acc, ia, a0, a1, o0, TAB, KC, 2, W, ASM)
         acc = _add_tile(a0, b0, sa, sb, o0, acc, TAB, KC, ASM, False)
         acc = _add_tile(a1, b1, sa, sb, o0, acc, TAB, KC, ASM, False)
         return ma32, mb32, sa, sb, mn_a, mn_b, acc, ia
 
     @triton.jit
     def _segment(pa, pb, ptm, n, TAB, KC, W: tl.constexpr, ASM: tl.constexpr):
-        """The partials of the ``n`` tokens at ``pa``/``pb`` (``n`` a constexpr or a launch argument: loop bounds
-        stay scalar) and the first index of the reference maximum. Flag bit 3: the unguarded sums cannot stand
-        (-inf, NaN/+inf, a spread over 640 nats); the maxima are exact either way."""
+        """The partials of the ``n`` tokens at ``pa``/``pb`` (``n`` a constexpr or a launch argument) and the first index of
+        the reference maximum. Flag bit 3: the unguarded sums cannot stand (-inf, NaN/+inf, a spread over 640 nats)."""
         w = tl.arange(0, W)
         RW: tl.constexpr = 2 * W
         ma32 = tl.load(pa)
         mb32 = tl.load(pb)
         z = tl.zeros([W // 2], tl.float64)
         mn = tl.full([W // 2], float("inf"), tl.float32)
-        st = (ma32, mb32, ma32.to(tl.float64), mb32.to(tl.float64), mn, mn, (z, z, z, z, z),
-              tl.full((), 0, tl.int32))
+        st = (ma32, mb32, ma32.to(tl.float64), mb32.to(tl.float64), mn, mn, (z, z, z, z, z), tl.full((), 0, tl.int32))
         nfull = n // RW
-        # the next tile's loads are issued before this one is reduced; two tiles a trip, each into the registers
-        # the other is not using: no copies between trips
+        # the next tile's loads are issued before this one is reduced; two tiles a trip, each into the registers the other
+        # is not using: no copies between trips
         a0n = tl.load(pa + w, mask=nfull > 0)
         b0n = tl.load(pb + w, mask=nfull > 0)
         a1n = tl.load(pa + W + w, mask=nfull > 0)
@@ -281,18 +219,16 @@ if triton is not None:
             m = o < n
             a = tl.load(pa + o, mask=m, other=float("-inf"))
             b = tl.load(pb + o, mask=m, other=float("-inf"))
-            ta, tb = tl.reduce((a, b), 0, _nanmax2)
-            ma32, mb32, sa, sb, acc, ia = _raise_shifts(ma32, mb32, ta, tb, sa, sb, acc, ia, a, a, o, TAB, KC, 1, W,
-                                                        ASM)
+            ta, tb = tl.reduce(a, 0, _nanmax), tl.reduce(b, 0, _nanmax)
+            ma32, mb32, sa, sb, acc, ia = _raise_shifts(ma32, mb32, ta, tb, sa, sb, acc, ia, a, a, o, TAB, KC, 1, W, ASM)
             mn_a = _nanmin(mn_a, _lane_min(tl.where(m, a, float("inf"))))
             mn_b = _nanmin(mn_b, _lane_min(tl.where(m, b, float("inf"))))
             acc = _add_tile(tl.where(m, a, 0.0), tl.where(m, b, 0.0), sa, sb, m, acc, TAB, KC, ASM, True)
         ma = ma32.to(tl.float64)
         mb = mb32.to(tl.float64)
         s_a, s_b, x_, y_, e_ = tl.reduce(acc, 0, _add5)
-        na32, nb32 = tl.reduce((mn_a, mn_b), 0, _nanmin2)
-        bad = ((ma32 != ma32) | (ma32 == float("inf")) | (mb32 != mb32) | (mb32 == float("inf")) | (na32 != na32)
-               | (nb32 != nb32))
+        na32, nb32 = tl.reduce(mn_a, 0, _nanmin), tl.reduce(mn_b, 0, _nanmin)
+        bad = (ma32 != ma32) | (ma32 == float("inf")) | (mb32 != mb32) | (mb32 == float("inf")) | (na32 != na32) | (nb32 != nb32)
         # every token within 640 nats of its segment's maximum (so of the shift it was taken at): the sums stand
         fast = (ma - na32.to(tl.float64) <= RANGE) & (mb - nb32.to(tl.float64) <= RANGE)
         flags = bad.to(tl.int32) | ((~fast & ~bad).to(tl.int32) << 3)
@@ -300,9 +236,8 @@ if triton is not None:
 
     @triton.jit
     def guarded_segment(pa, pb, n, ma, mb, TAB, W: tl.constexpr):
-        """The partial sums of a flagged segment (``n`` tokens, float64 maxima ``ma``/``mb``) shifted to its
-        maxima with the guarded element logic, and the finite-vs--inf flags (bits 1 and 2: KL, reverse KL
-        infinite). Rare (masked or extreme rows)."""
+        """A flagged segment's sums at its maxima ``ma``/``mb``, guarded (-inf clamped, 700-nats floor; masked lanes add 0),
+        and the finite-vs--inf flags (bits 1 and 2: KL, reverse KL infinite)."""
         w = tl.arange(0, W)
         ma32 = ma.to(tl.float32)
         mb32 = mb.to(tl.float32)
@@ -317,20 +252,26 @@ if triton is not None:
             m = o < n
             a = tl.load(pa + o, mask=m, other=float("-inf"))
             b = tl.load(pb + o, mask=m, other=float("-inf"))
-            acc, u_a, u_b = _safe_tile(a, b, ma32, mb32, sha, shb, acc, u_a, u_b, TAB)
+            acc_sa, acc_sb, acc_x, acc_y, acc_e = acc
+            xa = tl.maximum(a, -3.4028234663852886e38).to(tl.float64) - sha
+            xb = tl.maximum(b, -3.4028234663852886e38).to(tl.float64) - shb
+            # below the floor the exp's input is garbage (its table index stays in bounds: k mod N) and is not taken
+            ea = tl.where(a - ma32 >= -700.0, _exp_tab(xa, TAB, 0, _lit_kc()), 0.0)
+            eb = tl.where(b - mb32 >= -700.0, _exp_tab(xb, TAB, 0, _lit_kc()), 0.0)
+            e = xa - xb
+            u_a = tl.maximum(u_a, tl.where(b == float("-inf"), a, float("-inf")))  # > -inf somewhere: KL = +inf
+            u_b = tl.maximum(u_b, tl.where(a == float("-inf"), b, float("-inf")))  # the mirror: reverse KL = +inf
+            acc = (acc_sa + ea, acc_sb + eb, acc_x + ea * e, acc_y + eb * e, acc_e + ea * xa)
         s_a, s_b, x_, y_, e_ = tl.reduce(acc, 0, _add5)
-        umax, vmax = tl.reduce((u_a, u_b), 0, _max2)
+        umax, vmax = tl.max(u_a, 0), tl.max(u_b, 0)
         flags = ((umax > float("-inf")).to(tl.int32) << 1) | ((vmax > float("-inf")).to(tl.int32) << 2)
         return s_a, s_b, x_, y_, e_, flags
 
     @triton.jit
-    def _partials(A, B, stride_a, stride_b, V, NCH, PF, TM, TAB, KINV: tl.float64, KNHI: tl.float64,
-                  KC4: tl.float64, KC3: tl.float64, SEG: tl.constexpr, W: tl.constexpr, ASM: tl.constexpr,
-                  CARG: tl.constexpr):
-        """One (row, segment) per program: the eight partials (the segment's argmax in the flags word, ``flags |
-        index << 4``) and the candidate's tile maxima. A row's last segment (short, maybe ragged) has its own copy
-        of the code, so every other one runs a loop of constexpr length. ``CARG``: the exp's constants from
-        ``KINV``..``KC3``."""
+    def _partials(A, B, stride_a, stride_b, V, NCH, PF, TM, TAB, KINV: tl.float64, KNHI: tl.float64, KC4: tl.float64,
+                  KC3: tl.float64, SEG: tl.constexpr, W: tl.constexpr, ASM: tl.constexpr, CARG: tl.constexpr):
+        """One (row, segment) a program: eight partials (argmax in the flags word, ``flags | index << 4``), the tile maxima.
+        ``CARG``: the exp's constants from ``KINV``..``KC3`` (literals were moved into registers every trip), else literals."""
         pid = tl.program_id(0)
         row = (pid // NCH).to(tl.int64)
         seg = pid % NCH
@@ -338,10 +279,9 @@ if triton is not None:
         pb = B + row * stride_b + seg * SEG
         ptm = TM + row * (V // (2 * W)) + seg * (SEG // (2 * W))
         if CARG:
-            KC = (tl.cast(KINV, tl.float64), tl.cast(KNHI, tl.float64), tl.cast(KC4, tl.float64),
-                  tl.cast(KC3, tl.float64))
+            KC = (tl.cast(KINV, tl.float64), tl.cast(KNHI, tl.float64), tl.cast(KC4, tl.float64), tl.cast(KC3, tl.float64))
         else:
-            KC = None
+            KC = _lit_kc()
         if seg == NCH - 1:
             ma, mb, s_a, s_b, x_, y_, e_, flags, ia = _segment(pa, pb, ptm, V - (NCH - 1) * SEG, TAB, KC, W, ASM)
         else:
@@ -354,17 +294,16 @@ if triton is not None:
 
     @triton.jit
     def _ahead(pb, lo, cnt, bia, ia, G: tl.constexpr):
-        """How many of the ``cnt`` <= G candidate tokens from ``lo`` rank ahead of token ``ia`` (logit ``bia``):
-        higher, or equal at a lower index -- the tie rule (-0.0 and +0.0 compare equal)."""
+        """How many of the ``cnt`` <= G candidate tokens from ``lo`` rank ahead of token ``ia`` (logit ``bia``): higher, or
+        equal at a lower index -- the tie rule (-0.0 and +0.0 compare equal)."""
         o = tl.arange(0, G)
         b = tl.load(pb + lo + o, mask=o < cnt, other=float("-inf"))
         return tl.sum(((o < cnt) & ((b > bia) | ((b == bia) & (lo + o < ia)))).to(tl.int32), axis=0)
 
     @triton.jit
     def store_figures(of, ma, mb, s_a, s_b, x_, y_, ea_, m_a, m_b, at, bt, fl):
-        """A row's seven figures from its segment partials (relative to the segment maxima ``ma``/``mb``; empty
-        segments have ``s`` = 0) rescaled to the row maxima (``exp(m_c - M)`` weights; ``xa - xb`` shifts by
-        ``(M_a - m_a) - (M_b - m_b)``); ``at``/``bt``: the realized token's logits; ``fl``: the OR of the flags."""
+        """A row's seven figures from its segment partials (relative to the segment maxima ``ma``/``mb``; empty segments have
+        ``s`` = 0) rescaled to the row maxima ``m_a``/``m_b``; ``at``/``bt``: the realized token's logits; ``fl``: OR of flags."""
         ha = s_a > 0
         hb = s_b > 0
         da = tl.where(ha, m_a - ma, 0.0)
@@ -387,11 +326,10 @@ if triton is not None:
         tl.store(of + 6, 1.0 / sa)
 
     @triton.jit
-    def _post(PF, TM, A, B, stride_a, stride_b, T, V, NCH, FIGS, FLAGS, BAD, SEG: tl.constexpr,
-              NCH_P2: tl.constexpr, G: tl.constexpr, TB: tl.constexpr):
-        """A row's outputs (a program per row): the seven figures, the realized token, and the rank of the
-        reference argmax ``i`` up to 10: ten tiles whose candidate maximum exceeds ``b[i]`` settle it unread;
-        otherwise only the tiles that exceed or tie ``b[i]``, and the row's last < G tokens, are read."""
+    def _post(PF, TM, A, B, stride_a, stride_b, T, V, NCH, FIGS, FLAGS, BAD, SEG: tl.constexpr, NCH_P2: tl.constexpr,
+              G: tl.constexpr, TB: tl.constexpr):
+        """A row's figures, flags and the rank of the reference argmax ``i`` up to 10: ten tiles whose candidate maximum
+        exceeds ``b[i]`` settle it unread; else only tiles that exceed or tie it, and the last < G tokens, are read."""
         row = tl.program_id(0).to(tl.int64)
         c = tl.arange(0, NCH_P2)
         cm = c < NCH
@@ -444,9 +382,8 @@ if triton is not None:
 
 
 def exp_table(device) -> torch.Tensor:
-    """``2**(j / 1024)`` for j < 1024, each correctly rounded to float64 (:mod:`decimal` at 40 digits, not a
-    float64 ``exp2`` that may be off by an ulp), then lowered by ``j << 42`` (a normal float64 in [0.5, 1]) for
-    the exponent add of :func:`_tab_word`; on ``device``, cached."""
+    """``2**(j / 1024)`` for j < 1024, correctly rounded (:mod:`decimal` at 40 digits, not a float64 ``exp2`` that may be off
+    by an ulp), then lowered by ``j << 42`` (a normal float64 in [0.5, 1]) for :func:`_tab_word`; on ``device``, cached."""
     key = torch.device(device)
     if key not in _TABLES:
         from decimal import Decimal, localcontext
@@ -465,9 +402,8 @@ def score_rows(ref: torch.Tensor, cand: torch.Tensor, targets: torch.Tensor
                ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """Score float32 ``[n, V]`` rows on the GPU; same returns as :func:`fideval.score.torch_kernel.score_rows`.
 
-    Under ``TRITON_INTERPRET=1`` (CPU tensors) the kernels run without their PTX and with the exp's constants
-    as literals (the interpreter runs no inline assembly; Triton 3.6's passed float scalars as float32): the
-    same float64 operations in the same order, so the same bits.
+    Under ``TRITON_INTERPRET=1`` (CPU tensors) the kernels run without their PTX and with the exp's constants as literals (the
+    interpreter runs no inline assembly and passes float scalars as float32): the same float64 operations, so the same bits.
     """
     if triton is None:
         raise RuntimeError("triton is not installed")
@@ -483,8 +419,8 @@ def score_rows(ref: torch.Tensor, cand: torch.Tensor, targets: torch.Tensor
     pf = torch.empty((n * nch, NPF), dtype=torch.float64, device=dev)
     tm = torch.empty((n * (vocab // TILE),), dtype=torch.float32, device=dev)
     if n:
-        _partials[(n * nch,)](ref, cand, ref.stride(0), cand.stride(0), vocab, nch, pf, tm, exp_table(dev), *KCONST,
-                              SEG=SEG, W=TILE // 2, ASM=compiled, CARG=compiled, num_warps=1)
+        _partials[(n * nch,)](ref, cand, ref.stride(0), cand.stride(0), vocab, nch, pf, tm, exp_table(dev), *KCONST, SEG=SEG,
+                              W=TILE // 2, ASM=compiled, CARG=compiled, num_warps=1)
     t = targets.to(device=dev, dtype=torch.int64).contiguous()
     figs = torch.empty((n, 7), dtype=torch.float64, device=dev)
     flags = torch.empty((n, 4), dtype=torch.int8, device=dev)
