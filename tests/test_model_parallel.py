@@ -10,12 +10,11 @@ from __future__ import annotations
 import os
 import socket
 
+import model_fixtures as mf
 import numpy as np
 import pytest
 import torch
 import torch.multiprocessing as mp
-
-import model_fixtures as mf
 
 BOUND = 2e-6
 

@@ -2,11 +2,10 @@
 
 from __future__ import annotations
 
-import numpy as np
+import model_fixtures as mf
 import pytest
 import torch
 
-import model_fixtures as mf
 from fideval.model.runner import Runner, RunnerOptions
 
 ARCHS = list(mf.configs())

@@ -7,11 +7,11 @@ import subprocess
 import sys
 import textwrap
 
+import model_fixtures as mf
 import numpy as np
 import pytest
 import torch
 
-import model_fixtures as mf
 from fideval.model.determinism import digest
 from fideval.model.runner import Runner, RunnerOptions
 

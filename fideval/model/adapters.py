@@ -214,7 +214,8 @@ class Adapter:
                 break
         else:
             raise FidevalError(f"{self.ckpt.dir}: layer {i} has neither fused 'mlp.experts.{fused}' nor per-expert "
-                               f"'mlp.experts.<e>.{_PER_EXPERT[fused][0][0]}.weight' tensors", hint="the checkpoint does not match config.json")
+                               f"'mlp.experts.<e>.{_PER_EXPERT[fused][0][0]}.weight' tensors",
+                               hint="the checkpoint does not match config.json")
         first = [self.ckpt.info(k) for k in keys[0]]
         if any(len(f.shape) != 2 or f.shape[1:] != first[0].shape[1:] or f.dtype != first[0].dtype for f in first):
             raise FidevalError(f"{self.ckpt.dir}: layer {i} expert tensors {keys[0]} have mismatched shapes or dtypes",
@@ -228,7 +229,8 @@ class Adapter:
                 info = self.ckpt.info(k)
                 if info.shape != f.shape or info.dtype != f.dtype:
                     raise FidevalError(f"{self.ckpt.dir}: tensor {k!r} has shape {list(info.shape)} ({info.dtype}), "
-                                       f"expert {lo} has {list(f.shape)} ({f.dtype})", hint="the checkpoint is corrupt or does not match config.json")
+                                       f"expert {lo} has {list(f.shape)} ({f.dtype})",
+                                       hint="the checkpoint is corrupt or does not match config.json")
                 jobs.append((k, buf[j, off:off + f.shape[0]]))
                 off += f.shape[0]
         from fideval.model.checkpoint import _pool

@@ -183,7 +183,8 @@ class QuantizedCheckpoint:
             raise FidevalError(f"{self.dir}: tensor {key!r}: {err.message}", hint=err.hint or "the checkpoint is corrupt") from None
         t = dec.get(key)
         if t is None or len(dec) != 1:
-            raise FidevalError(f"{self.dir}: tensor {key!r} did not decode as {e.kind} (got {sorted(dec)})", hint="the checkpoint is corrupt")
+            raise FidevalError(f"{self.dir}: tensor {key!r} did not decode as {e.kind} (got {sorted(dec)})",
+                               hint="the checkpoint is corrupt")
         if e.transpose:
             t = t.transpose(-1, -2)
         want = e.shape

@@ -105,7 +105,8 @@ def run_teacher(model_dir, windows_dir, out, *, kinds=KINDS, device="auto", dtyp
     writer = StoreWriter(out, meta) if rank == 0 else None
     seqs = [read_sequences(f).select_domains(domains) for f in folders]
     if domains and not any(len(s.ids) for s in seqs):
-        raise FidevalError(f"{windows_dir}: no sequences of domain {', '.join(domains)}", hint="check --domain against the config's domains")
+        raise FidevalError(f"{windows_dir}: no sequences of domain {', '.join(domains)}",
+                           hint="check --domain against the config's domains")
     for f, s in zip(folders, seqs):  # every length checked before the first forward pass
         if s.tokens.size and int(s.tokens.max()) >= runner.vocab_size:
             raise FidevalError(f"{f}: token id {int(s.tokens.max())} is outside the model's vocabulary of {runner.vocab_size}",
