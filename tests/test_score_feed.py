@@ -1,5 +1,5 @@
-"""The score loop's teacher stream (``_TeacherFeed``): in order it hands out the store's own shards, out of
-order it steps aside; on a GPU, records scored with it are identical to records scored from memory maps.
+"""The score loop's teacher stream (``fideval.store.feed.TeacherFeed``): in order it hands out the store's own
+shards, out of order it steps aside; on a GPU, records scored with it are identical to records scored from memory maps.
 
 No typer here: the GPU machine runs this file as it is."""
 
@@ -15,6 +15,7 @@ import torch
 from fideval.score import run as score_run
 from fideval.score.candidate import Candidate, store_shards
 from fideval.store import StoreReader, StoreWriter
+from fideval.store.feed import TeacherFeed
 
 VOCAB = 257
 LENGTHS = {"code-000.c0": 9, "code-000.c1": 7, "prose-000.c0": 2, "prose-001.c0": 5}
@@ -45,7 +46,7 @@ def _prefetch_threads() -> int:
 def test_feed_in_order_then_out_of_order(stores):
     teacher, _, ref, tokens = stores
     order = teacher.seq_ids
-    feed = score_run._TeacherFeed(teacher, order, torch.device("cpu"))
+    feed = TeacherFeed(teacher, order, torch.device("cpu"))
     for sid in order[:2]:
         x, t = feed.get(sid)
         assert x.numpy().tobytes() == ref[sid].tobytes() and np.array_equal(t, tokens[sid])

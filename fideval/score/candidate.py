@@ -196,7 +196,7 @@ def store_shards(reader: Any, seq_ids: Iterable[str], device: Any = None, prefet
     slower than the disk: read-ahead buys nothing)."""
     import torch
 
-    from fideval.score.run import mapped_tensor
+    from fideval.store.feed import mapped_tensor
 
     if device is None or torch.device(device).type == "cpu":
         for sid in seq_ids:

@@ -16,7 +16,6 @@ float64 temporaries are capped at half a shard. A model run's teacher shards are
 
 from __future__ import annotations
 
-import warnings
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -35,6 +34,7 @@ from fideval.score import reference, torch_kernel
 from fideval.score.candidate import Candidate, CandidateShard, teacher_shards
 from fideval.score.metrics import FIGURES, max_rel_diff
 from fideval.score.records import RecordsWriter
+from fideval.store.feed import TeacherFeed, mapped_tensor
 
 
 @dataclass(frozen=True)
@@ -89,38 +89,6 @@ def score_tensors(ref: torch.Tensor, cand: torch.Tensor, targets: torch.Tensor, 
     return figs.cpu().numpy(), flags.cpu().numpy(), bad.cpu().numpy()
 
 
-def mapped_tensor(array: np.ndarray) -> torch.Tensor:
-    """A CPU tensor over a (read-only) memory map, without a copy; nothing in scoring writes to it."""
-    with warnings.catch_warnings():  # torch warns that the array is not writable
-        warnings.simplefilter("ignore", UserWarning)
-        return torch.from_numpy(array)
-
-
-class _TeacherFeed:
-    """The teacher's shards in the order the candidate will ask for them, streamed by ``StoreReader.iter``
-    onto the GPU: the next shard is read from disk (into one page-locked host buffer, SHA-256 on the way)
-    while this one is scored, and the scored shard holds no host memory. A shard asked for out of that order
-    ends the stream (it would read shards nobody asks for); it and every later one are read directly."""
-
-    def __init__(self, teacher: Any, order: list[str], dev: torch.device):
-        self._it = teacher.iter(order, device=dev, prefetch=1)
-
-    def get(self, seq_id: str) -> tuple[torch.Tensor, np.ndarray] | None:
-        """``(logits on the device, token ids)`` of ``seq_id`` when it is the stream's next shard, else None."""
-        if self._it is None:
-            return None
-        item = next(self._it, None)
-        if item is not None and item[0] == seq_id:
-            return item[1], item[2]
-        self.close()
-        return None
-
-    def close(self) -> None:
-        if self._it is not None:
-            self._it.close()
-            self._it = None
-
-
 def _check_rows(every: int, start: int, n: int) -> np.ndarray:
     """Rows (local indices) the CPU reference re-scores: global row index % every == 0, plus first and last."""
     if n == 0:
@@ -131,7 +99,7 @@ def _check_rows(every: int, start: int, n: int) -> np.ndarray:
 
 
 class _Run:
-    def __init__(self, teacher: Any, dev: torch.device, kernel: str, settings: ScoreSettings, feed: _TeacherFeed | None = None):
+    def __init__(self, teacher: Any, dev: torch.device, kernel: str, settings: ScoreSettings, feed: TeacherFeed | None = None):
         self.teacher, self.dev, self.kernel, self.feed = teacher, dev, kernel, feed
         self.every, self.tolerance = settings.cpu_check_every, settings.cpu_check_tolerance
         self.on_nonfinite = settings.on_nonfinite
@@ -253,12 +221,12 @@ def score_candidate(teacher: Any, candidate: Candidate, out_dir: str | Path, set
     teacher (``is_teacher``) makes the run the self-check. Either way ``self_check`` in score.json holds
     ``{max_kld, top1, rows}`` and a non-exact result fails the run. The candidate's ``info`` is recorded as
     score.json's ``candidate_info``. When the candidate's ``order`` is known (a store's), on a GPU the
-    teacher's shards are streamed in that order (:class:`_TeacherFeed`), else each is memory-mapped.
+    teacher's shards are streamed in that order (:class:`TeacherFeed`), else each is memory-mapped.
     """
     dev, kernel = pick(settings.device, settings.kernel)
     checked_self = self_check(teacher, device=str(dev), kernel=kernel) if self_check_first else None
     out_dir = Path(out_dir)
-    feed = _TeacherFeed(teacher, list(candidate.order), dev) if candidate.order and dev.type == "cuda" else None
+    feed = TeacherFeed(teacher, list(candidate.order), dev) if candidate.order and dev.type == "cuda" else None
     run = _Run(teacher, dev, kernel, settings, feed)
     if total_rows is None:
         total_rows = sum(max(int(teacher.entry(s)["rows"]) - 1, 0) for s in teacher.seq_ids)
