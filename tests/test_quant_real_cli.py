@@ -57,10 +57,16 @@ def _score(s, name, path, out):
                        "--path", path, "--out", out, "--device", "cpu")
 
 
-def test_score_a_gguf_candidate_weights_only(setup):
-    s = setup
-    res = _score(s, "q8", "weights-only", s["tmp"] / "rec")
+@pytest.fixture(scope="module")
+def weights_only(setup):
+    """The GGUF candidate scored on its weights-only path, once per worker (xdist may split this module)."""
+    res = _score(setup, "q8", "weights-only", setup["tmp"] / "rec")
     assert res.code == 0, res.stderr
+    return setup
+
+
+def test_score_a_gguf_candidate_weights_only(weights_only):
+    s = weights_only
     info = json.loads((s["tmp"] / "rec" / "score.json").read_text())["candidate_info"]
     assert info["source"] == "checkpoint" and info["activations"] == "none"
     assert info["checkpoint"]["sha256"] == sha256_file(s["gguf"])
@@ -79,8 +85,8 @@ def test_score_a_gguf_candidate_weights_only(setup):
     assert rec.kld.max() > 0
 
 
-def test_serving_path_quantizes_activations(setup):
-    s = setup
+def test_serving_path_quantizes_activations(weights_only):
+    s = weights_only
     res = _score(s, "q8", "serving", s["tmp"] / "rec-s")
     assert res.code == 0, res.stderr
     info = json.loads((s["tmp"] / "rec-s" / "score.json").read_text())["candidate_info"]
