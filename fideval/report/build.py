@@ -293,6 +293,8 @@ def build(
 
 def write(built: Built, out_dir: str | Path, *, plots: bool = True) -> Path:
     """Write report.json, the summaries and (optionally) the plots into ``out_dir``; returns report.json's path."""
+    from fideval.formats.model import parse
+    from fideval.formats.report import Report
     from fideval.fsio import write_json
 
     out = Path(out_dir)
@@ -303,5 +305,7 @@ def write(built: Built, out_dir: str | Path, *, plots: bool = True) -> Path:
     for name, obj in built.summaries.items():
         write_json(out / name, obj)
     path = out / "report.json"
-    write_json(path, plain(built.report))
+    obj = plain(built.report)
+    parse(Report, obj, str(path))  # the contract holds before anything is written (a bug here, not bad input)
+    write_json(path, obj)
     return path
