@@ -154,6 +154,8 @@ def test_contaminated_window_is_replaced_and_fraction_matches_bruteforce(tmp_pat
     for w in rec["windows"]:
         total, matched, fraction, recorded = printed[w["id"]]
         assert int(total) == w["overlap"]["ngrams"] and fraction == recorded == f"{w['overlap']['fraction']:.4f}"
+    # the folder's eval-windows.json names the same folder
+    assert run_fideval("screen", cfg, "--windows", tmp_path / "screened" / "eval-windows.json")[1] == out
 
 
 def test_conversation_overlap_drops_it_before_packing(tmp_path, tokenizer_dir, tok):

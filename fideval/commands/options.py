@@ -25,7 +25,7 @@ def out(help: str) -> typer.models.OptionInfo:
 
 ConfigFile = Annotated[Path, typer.Argument(help="YAML config")]
 ReportFile = Annotated[Path, typer.Argument(help="report.json (or its folder)")]
-Windows = Annotated[Path, typer.Option("--windows", help="output folder of 'fideval windows'")]
+Windows = Annotated[Path, typer.Option("--windows", help="output folder of 'fideval windows' (or its eval-windows.json)")]
 Teacher = Annotated[str, typer.Option("--teacher", help="teacher logit store: a folder or hf://datasets/ORG/NAME@REV/sub")]
 Device = Annotated[str | None, typer.Option("--device", help="cpu, cuda or auto (default: the config's teacher.device, else auto)")]
 Kernel = Annotated[str, typer.Option("--kernel", help="auto (triton on CUDA), triton or torch")]
