@@ -39,13 +39,26 @@ class _Plain:
         self._line(time.monotonic())
 
 
+def rate_column(unit: str):
+    """A rich column: the task's rate in ``unit``/s, or ``-`` before rich has measured one (``task.speed`` is
+    None until the first advance, which a format string column cannot print)."""
+    from rich.progress import ProgressColumn
+    from rich.text import Text
+
+    class Rate(ProgressColumn):
+        def render(self, task) -> Text:
+            speed = task.finished_speed or task.speed
+            return Text(f"{'-' if speed is None else f'{speed:,.0f}':>10} {unit}/s")
+
+    return Rate()
+
+
 class _Rich:
     def __init__(self, desc: str, total: float | None, unit: str):
         from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
 
         self.p = Progress(TextColumn("[bold]{task.description}"), BarColumn(), MofNCompleteColumn(),
-                          TextColumn("{task.speed:>10,.0f} " + unit + "/s" if True else ""), TimeRemainingColumn(),
-                          transient=False)
+                          rate_column(unit), TimeRemainingColumn(), transient=False)
         self.p.start()
         self.task = self.p.add_task(desc, total=total)
 
