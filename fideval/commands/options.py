@@ -23,6 +23,11 @@ def out(help: str) -> typer.models.OptionInfo:
     return typer.Option("--out", help=help)
 
 
+def folder_of(p: Path, file: str) -> Path:
+    """A folder given as itself or as the named file in it (what a workflow rule declares as its input)."""
+    return p.parent if p.name == file and not p.is_dir() else p
+
+
 ConfigFile = Annotated[Path, typer.Argument(help="YAML config")]
 ReportFile = Annotated[Path, typer.Argument(help="report.json (or its folder)")]
 Windows = Annotated[Path, typer.Option("--windows", help="output folder of 'fideval windows' (or its eval-windows.json)")]

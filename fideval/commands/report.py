@@ -30,19 +30,14 @@ def report(
     rc = cfg.report if cfg is not None else ReportConfig()
     upd = {k: v for k, v in (("resamples", resamples), ("seed", seed)) if v is not None}
     rc = rc.model_copy(update=upd) if upd else rc
-    win = load_windows(_folder(windows, "eval-windows.json")) if windows is not None else None
-    built = build([str(_folder(r, "records.parquet")) for r in records],
-                  self_check_dirs=[str(_folder(d, "records.parquet")) for d in self_check], windows=win, cfg=cfg,
+    win = load_windows(options.folder_of(windows, "eval-windows.json")) if windows is not None else None
+    built = build([str(options.folder_of(r, "records.parquet")) for r in records],
+                  self_check_dirs=[str(options.folder_of(d, "records.parquet")) for d in self_check], windows=win, cfg=cfg,
                   manifests=[load_teacher_manifest(m) for m in teacher_manifest], settings=rc)
     path = write(built, out, plots=plots)
     failed = [c["name"] for c in built.report["checks"] if c["status"] == "fail"]
     typer.echo(f"{path}: {len(built.report['results'])} result sets, {built.report['settings']['clusters']} windows, "
                f"B={rc.resamples}" + (f"; FAILED checks: {', '.join(failed)}" if failed else ""))
-
-
-def _folder(p: Path, file: str) -> Path:
-    """A folder given as itself or as the named file in it (what a workflow rule declares as its input)."""
-    return p.parent if p.name == file and not p.is_dir() else p
 
 
 def card(

@@ -45,7 +45,8 @@ def screen(
 ) -> None:
     """Report each window's n-gram overlap with the calibration data (writes nothing)."""
     from fideval.config import load_config
+    from fideval.windows.records import EVAL_WINDOWS
     from fideval.windows.screen import report_lines, rescreen
 
-    for line in report_lines(*rescreen(load_config(config), windows_dir)):
+    for line in report_lines(*rescreen(load_config(config), options.folder_of(windows_dir, EVAL_WINDOWS))):
         typer.echo(line)

@@ -37,14 +37,11 @@ class ScreenSummary:
 
 
 def rescreen(cfg: Config, windows_dir: Path) -> tuple[list[ScreenRow], ScreenSummary | None]:
-    """Every window of ``windows_dir`` (written by ``fideval windows``, or its eval-windows.json) screened against ``cfg``'s
+    """Every window of ``windows_dir`` (written by ``fideval windows``) screened against ``cfg``'s
     calibration: (one row a window, in eval-windows.json's order; the summary, or ``None`` when no
     calibration is configured and nothing was screened)."""
     from fideval.windows.records import read_eval_windows  # records imports this package: either may load first
 
-    windows_dir = Path(windows_dir)
-    if windows_dir.name == "eval-windows.json" and windows_dir.is_file():  # the file itself names its folder
-        windows_dir = windows_dir.parent
     rec = read_eval_windows(windows_dir)
     seqs = read_sequences(length_dir(windows_dir, "windows", rec["windows_config"]["window_tokens"]))
     tok_dir = resolve_path(cfg.model.tokenizer or cfg.model.path)
