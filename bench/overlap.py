@@ -234,5 +234,6 @@ def main() -> None:
           f"(goal <= 2048) | 13-grams/s = (calibration + evaluation 13-grams) / (index + screen); "
           f"{with_jit / base_rate:.1f}x with the numba load counted |")
 
+
 if __name__ == "__main__":
     main()

@@ -389,5 +389,6 @@ def print_table(rows, title):
     for r in rows:
         print(f"| {r[0].ljust(w)} | {r[1]} | {r[2]} |", flush=True)
 
+
 if __name__ == "__main__":
     main()

@@ -192,6 +192,7 @@ def test_the_files_a_rule_declares_give_the_folders_report(demo, tmp_path):
     assert len(rep["results"]) == 3
     assert (outs["files"] / "report.json").read_bytes() == (outs["folders"] / "report.json").read_bytes()
 
+
 def test_checks_and_gates(tmp_path):
     windows = syn.window_ids(DOMAINS, 4)
     df = syn.records_frame("q4", "serving", 128, 128, windows, seed=1)

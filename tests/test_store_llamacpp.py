@@ -53,7 +53,6 @@ def _write_kld_base(path, n_ctx, n_vocab, n_chunk, seed=0):
     return tokens, logits, expected
 
 
-
 @pytest.mark.parametrize("n_ctx,n_vocab", [(10, 33), (9, 40)])
 def test_import_matches_independent_decode(tmp_path, n_ctx, n_vocab):
     n_chunk = 3

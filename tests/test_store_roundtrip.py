@@ -45,7 +45,6 @@ def _write(root: Path, data, finish=True) -> StoreWriter:
     return w
 
 
-
 def test_roundtrip_bit_identical(tmp_path):
     data = _data()
     _write(tmp_path / "s", data)

@@ -225,6 +225,7 @@ def load_windows(folder: str | Path) -> dict[str, Any]:
         "provenance": lst.provenance,
     }
 
+
 def load_teacher_manifest(path: str | Path) -> dict[str, Any]:
     """The logit store's manifest.json: its meta (model, canary) and its hash."""
     path = Path(path)

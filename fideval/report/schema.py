@@ -20,6 +20,7 @@ from fideval.formats.report import Report
 FORMAT = Report.FORMAT
 VERSION = Report.VERSION
 
+
 def plain(obj: Any, where: str = "report") -> Any:
     """Convert numpy scalars/arrays to plain Python; a non-finite float is a bug, not data."""
     if isinstance(obj, dict):
@@ -45,6 +46,7 @@ def validate(obj: Any, origin: str) -> dict[str, Any]:
     card and check rely on, their types); one-line FidevalError otherwise. Returns ``obj`` itself."""
     parse(Report, obj, origin)
     return obj
+
 
 def load_report(path: str | Path) -> dict[str, Any]:
     path = Path(path)
