@@ -1,55 +1,135 @@
-"""Time per part of a run (attention, MoE, dense MLP, norms), on when ``RunnerOptions.profile`` is set.
+"""Where a run's time goes: a timeline cut into named parts that add up to the whole, on when profiling.
 
-On a GPU a region is timed with a pair of CUDA events (recorded, never waited on, so profiling does not
-serialise the stream); :func:`fold_events` synchronises once at the end and turns them into seconds.
-On a CPU, wall time around the region is exact enough. Off, :func:`timed` is a null context.
+Why a timeline and not timers around regions: timers leave gaps (whatever runs between two timed regions is
+never seen: embeddings, masks, host<->device moves, synchronisations, the canary), and a timer around a
+region that contains a host wait counts the wait as compute. Here every *mark* closes the interval since the
+previous mark and gives it to the innermost part open at that moment (``"other"`` when none is), so the parts
+tile the run: they sum to its span exactly, and what no part claims is visible as ``other``.
+
+On a GPU a mark is a CUDA event recorded on the compute stream, never waited on (the stream is not
+serialised); intervals are the stream's own time between marks, so a part's figure is the GPU time it took,
+and a host wait bracketed as a part (``load_wait``, ``store_write``) counts only the time the GPU idled
+because of it (a wait hidden behind queued GPU work costs nothing). Completed events are folded while the run
+goes (``query()``, no synchronisation), so a long run keeps a bounded number. On a CPU a mark is
+``perf_counter``.
+
+A *sticky* part (the canary's micro-batch) claims everything inside it, whatever nested parts say.
 """
 
 from __future__ import annotations
 
 import time
-from contextlib import nullcontext
+from collections import defaultdict
 
 import torch
 
+EACH = ("attention", "moe")  # parts whose every interval is also kept (ms, run order): blocks slowing down show
+_FOLD_AT = 4096
 
-class _Timer:
-    """Adds a region's time to ``stats[key]``: CUDA events on a GPU (summed by :func:`fold_events`)."""
 
-    def __init__(self, stats: dict, key: str, device: torch.device):
-        self.stats, self.key, self.cuda = stats, key, device.type == "cuda"
+class Timeline:
+    """Marks on one device's compute stream; :meth:`fold` gives seconds per part. Off: every call is a no-op."""
+
+    def __init__(self, device: torch.device | str = "cpu", on: bool = True):
+        self.device = torch.device(device)
+        self.on = on
+        self.cuda = self.device.type == "cuda"
+        self._stack: list[tuple[str, bool]] = []
+        self._pending: list[tuple[str, object]] = []  # (part of the interval ending at this mark, mark)
+        self._last: object = None  # the latest folded mark
+        self.parts: dict[str, float] = defaultdict(float)
+        self.each: dict[str, list[float]] = {k: [] for k in EACH}
+        self.marks = 0
+
+    # -- marking -----------------------------------------------------------------------------------------
+    def current(self) -> str:
+        """The part the time running now belongs to."""
+        for name, sticky in self._stack:
+            if sticky:
+                return name
+        return self._stack[-1][0] if self._stack else "other"
+
+    def _mark(self) -> None:
+        if self.cuda:
+            ev = torch.cuda.Event(enable_timing=True)
+            ev.record(torch.cuda.current_stream(self.device))
+        else:
+            ev = time.perf_counter()
+        self.marks += 1
+        if self._last is None and not self._pending:
+            self._last = ev
+            return
+        self._pending.append((self.current(), ev))
+        if len(self._pending) >= _FOLD_AT:
+            self._fold_ready()
+
+    def start(self) -> None:
+        """The first mark: time before it belongs to no part."""
+        if self.on and self._last is None and not self._pending:
+            self._mark()
+
+    def enter(self, name: str, sticky: bool = False) -> None:
+        if self.on:
+            self.start()
+            self._mark()
+            self._stack.append((name, sticky))
+
+    def exit(self) -> None:
+        if self.on:
+            self._mark()
+            self._stack.pop()
+
+    def part(self, name: str, sticky: bool = False) -> _Part:
+        """``with timeline.part("attention"): ...``: the region's time is the part's."""
+        return _Part(self, name, sticky)
+
+    # -- folding -----------------------------------------------------------------------------------------
+    def _add(self, name: str, a: object, b: object) -> None:
+        s = a.elapsed_time(b) / 1000 if self.cuda else b - a
+        self.parts[name] += s
+        if name in self.each:
+            self.each[name].append(round(s * 1000, 2))
+
+    def _fold_ready(self) -> None:
+        """Fold the events the GPU has already passed (no synchronisation)."""
+        k = 0
+        for name, ev in self._pending:
+            if self.cuda and not ev.query():
+                break
+            self._add(name, self._last, ev)
+            self._last = ev
+            k += 1
+        del self._pending[:k]
+
+    def fold(self) -> dict[str, float]:
+        """Seconds per part so far (synchronizes once on a GPU); marking may go on afterwards."""
+        if self.on and self._pending:
+            if self.cuda:
+                self._pending[-1][1].synchronize()
+            self._fold_ready()
+        return dict(self.parts)
+
+    def span(self) -> float:
+        """Seconds from the first mark to the last folded one: the sum of the parts."""
+        return sum(self.fold().values())
+
+
+class _Part:
+    __slots__ = ("t", "name", "sticky")
+
+    def __init__(self, t: Timeline, name: str, sticky: bool):
+        self.t, self.name, self.sticky = t, name, sticky
 
     def __enter__(self):
-        if self.cuda:
-            self.a, self.b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-            self.a.record()
-        else:
-            self.t0 = time.perf_counter()
+        self.t.enter(self.name, self.sticky)
+        return self
 
     def __exit__(self, *exc):
-        if self.cuda:
-            self.b.record()
-            self.stats.setdefault("_events", []).append((self.key, self.a, self.b))
-        else:
-            self.stats[self.key] = self.stats.get(self.key, 0.0) + time.perf_counter() - self.t0
+        self.t.exit()
         return False
 
 
-def timed(on: bool, stats: dict, key: str, device: torch.device):
-    """A context that adds its region's time to ``stats[key]`` when ``on``."""
-    return _Timer(stats, key, device) if on else nullcontext()
-
-
-def fold_events(stats: dict, device: torch.device) -> dict:
-    """Fold recorded CUDA events into seconds per region (synchronizes); ``moe_s_each``: every MoE block's
-    milliseconds in run order (layer by layer), to see whether blocks slow down while a layer loads;
-    ``attn_s_each``: the same for every micro-batch's attention."""
-    events = stats.pop("_events", [])
-    if events:
-        torch.cuda.synchronize(device)
-    for key, a, b in events:
-        ms = a.elapsed_time(b)
-        stats[key] = stats.get(key, 0.0) + ms / 1000
-        if key in ("moe_s", "attn_s"):
-            stats.setdefault(key + "_each", []).append(round(ms, 2))
-    return stats
+def module_parts(module: torch.nn.Module, timeline: Timeline, name: str) -> None:
+    """Make every call of ``module`` a part ``name`` of ``timeline`` (forward hooks; the computation is untouched)."""
+    module.register_forward_pre_hook(lambda m, args: timeline.enter(name))
+    module.register_forward_hook(lambda m, args, out: timeline.exit())

@@ -31,6 +31,7 @@ from fideval.model.adapters import Adapter, expert_range
 from fideval.model.checkpoint import WeightSource, open_weights
 from fideval.model.device import resolve_device
 from fideval.model.prefetch import Ledger, Prefetch
+from fideval.model.profile import Timeline
 from fideval.model.throughput import MlpBlocks
 
 DEFAULT_HOST_BUDGET = 4 << 30
@@ -48,7 +49,7 @@ class RunnerOptions:
     states kept on the GPU between layers (default 35 % of its free memory), else pinned on the host;
     ``mlp_tokens``: the throughput mode (fideval.model.throughput), None: whole layers per micro-batch;
     ``lean_experts`` False: transformers' own grouped_mm experts forward (an A/B in the bench);
-    ``profile``: time per part of a layer into ``Runner.stats`` (fideval.model.profile)."""
+    ``profile``: the run's time per part (fideval.model.profile's timeline) into ``Runner.stats``."""
 
     device: str | torch.device = "cpu"
     dtype: torch.dtype = torch.float32
@@ -69,10 +70,13 @@ class Runner:
     """One model, one device, optionally one rank of an N-way model-parallel group (see parallel.py).
 
     ``weights``: the reference checkpoint's folder, or any :class:`WeightSource` (a real quantized build,
-    fideval.model.quantized, standing in for the reference's weights)."""
+    fideval.model.quantized, standing in for the reference's weights). ``timeline``: the run's
+    :class:`~fideval.model.profile.Timeline`, shared with the caller's own parts (store writes, scoring);
+    by default one of the runner's own, on when ``options.profile``."""
 
     def __init__(self, weights: WeightSource | str | Path, options: RunnerOptions | None = None, *,
-                 rank: int = 0, world: int = 1, group=None, ledger: Ledger | None = None):
+                 rank: int = 0, world: int = 1, group=None, ledger: Ledger | None = None,
+                 timeline: Timeline | None = None):
         determinism.configure()
         self.options = opts = options or RunnerOptions()
         self.device = resolve_device(opts.device)
@@ -92,9 +96,10 @@ class Runner:
         self.device_budget = budget
         self.side = torch.cuda.Stream(self.device) if self.device.type == "cuda" else None
         self.stats = {"load_s": 0.0, "wait_s": 0.0, "tokens": 0, "wall_s": 0.0, "chunks": 0}
+        self.timeline = timeline if timeline is not None else Timeline(self.device, on=opts.profile)
         self.canary: dict | None = None
         self._warmed = False
-        self.blocks = MlpBlocks(opts.mlp_tokens, self.device, self.stats, opts.profile) if opts.mlp_tokens else None
+        self.blocks = MlpBlocks(opts.mlp_tokens, self.device, self.stats, self.timeline) if opts.mlp_tokens else None
         self.experts: dict[int, tuple[int, int]] = {}
         for i in range(self.adapter.n_layers):  # meta layers cost nothing; N must divide every MoE layer's experts
             n_exp = self.adapter.n_routed_experts(self.adapter.meta_layer(i, self.dtype))
@@ -112,8 +117,17 @@ class Runner:
         return self.blocks is not None and self.blocks.warming
 
     def finish_profile(self) -> dict:
-        """``stats`` with the profile's CUDA events folded into seconds (fideval.model.profile.fold_events)."""
-        return profile.fold_events(self.stats, self.device)
+        """``stats`` with the timeline folded (one synchronisation on a GPU): ``parts`` (seconds per part of the
+        timeline, fideval.model.profile), and as before ``attn_s``, ``moe_s``, ``mlp_s`` (dense), ``norm_s``
+        (norms and residual adds), ``moe_s_each`` / ``attn_s_each`` (ms of every MoE block / attention call)."""
+        tl = self.timeline
+        if tl.on:
+            parts = tl.fold()
+            self.stats["parts"] = parts
+            for key, part in (("attn_s", "attention"), ("moe_s", "moe"), ("mlp_s", "dense_mlp"), ("norm_s", "norms")):
+                self.stats[key] = parts.get(part, 0.0)
+            self.stats["moe_s_each"], self.stats["attn_s_each"] = list(tl.each["moe"]), list(tl.each["attention"])
+        return self.stats
 
     # -- loading (runs on the prefetch thread) -----------------------------------------------------------
     def _load(self, key: tuple):
@@ -195,6 +209,8 @@ class Runner:
         self.canary = None
         if not rows:
             return
+        tl = self.timeline
+        tl.start()
         m, L, H = self.micro_batch, tokens.shape[1], int(self.adapter.config.hidden_size)
         per_seq = L * H * torch.empty((), dtype=self.dtype).element_size()
         per_chunk = max(m, (self.host_budget // max(per_seq, 1)) // m * m)
@@ -208,81 +224,114 @@ class Runner:
                 mbs.append(check.rows)
             # the canary's micro-batch is its own MoE block both times: block composition changes GEMM shapes, hence bits
             solo = {0, len(mbs) - 1} if extra or ci == 0 else set()
-            for j, row, logits in self._chunk(tokens, mbs, ci, solo):
+            for j, row, logits in self._chunk(tokens, mbs, ci, solo, len(mbs) - 1 if extra else None):
                 if extra and j == len(mbs) - 1:
-                    check.last(row, logits)
+                    with tl.part("canary"):
+                        check.last(row, logits)
                     continue
-                check.first(row, logits)
+                if ci == 0 and j == 0:
+                    with tl.part("canary"):  # the digest of the first pass
+                        check.first(row, logits)
                 self.stats["tokens"] += L
                 yield row, logits
         self.canary = check.verdict
         self.stats["wall_s"] += time.perf_counter() - t0
+        if tl.on and not tl.cuda:  # free on a CPU; on a GPU finish_profile() synchronizes once
+            self.finish_profile()
 
-    def _chunk(self, tokens: np.ndarray, mbs: list[list[int]], ci: int,
-               solo: set[int] = frozenset()) -> Iterator[tuple[int, int, torch.Tensor]]:
-        dev, L = self.device, tokens.shape[1]
+    def _chunk(self, tokens: np.ndarray, mbs: list[list[int]], ci: int, solo: set[int] = frozenset(),
+               canary: int | None = None) -> Iterator[tuple[int, int, torch.Tensor]]:
+        """One chunk, layer by layer; ``canary``: the index of the canary's micro-batch in ``mbs`` (its time is
+        the timeline's ``canary`` part). No timeline part is open across a ``yield``."""
+        dev, L, tl = self.device, tokens.shape[1], self.timeline
         n_layers = self.adapter.n_layers
         units = [(ci, "embed")] + [(ci, i) for i in range(n_layers)] + [(ci, "head")]
         self.stats["chunks"] += 1
-        pf = Prefetch(units, self._load, 1 if self.options.prefetch else 0, self.stats)
+        with tl.part("setup"):
+            pf = Prefetch(units, self._load, 1 if self.options.prefetch else 0, self.stats)
         H = int(self.adapter.config.hidden_size)
         n_tok = sum(len(mb) for mb in mbs) * L
         on_dev = dev.type == "cpu" or n_tok * H * torch.empty((), dtype=self.dtype).element_size() <= (self.device_budget or 0)
+
+        def mb_part(j: int):
+            return tl.part("canary", sticky=True) if j == canary else nullcontext()
+
+        def get():
+            with tl.part("load_wait"):  # on a GPU: only the time the stream idled for want of the weights
+                return pf.get()
+
         try:
             with torch.no_grad(), self._attn_backends():
                 if not self._warmed:  # once per runner, while the prefetch thread loads the first units
                     self._warmed = True
-                    if self.experts and self._lean_path():
-                        hooks.warm_experts(self.adapter.config, self.device, self.dtype, self.stats)
-                emb = pf.get()
+                    if self.experts and self._lean_path() and dev.type == "cuda":
+                        with tl.part("warmup"):
+                            hooks.warm_experts(self.adapter.config, self.device, self.dtype, self.stats)
+                emb = get()
                 states: list[torch.Tensor | None] = []
-                for mb in mbs:
-                    ids = torch.from_numpy(np.ascontiguousarray(tokens[mb], dtype=np.int64)).to(dev)
-                    h = emb(ids)
-                    states.append(h if on_dev else h.to("cpu").pin_memory())
+                for j, mb in enumerate(mbs):
+                    with mb_part(j), tl.part("embed"):
+                        ids = torch.from_numpy(np.ascontiguousarray(tokens[mb], dtype=np.int64)).to(dev)
+                        h = emb(ids)
+                        states.append(h if on_dev else h.to("cpu").pin_memory())
                 del emb
                 pf.release()
-                pos = torch.arange(L, device=dev).unsqueeze(0)
-                rotary = self.adapter.rotary(dev)
-                sample = torch.empty((1, L, H), dtype=self.dtype, device=dev)
-                pe = rotary(sample, pos)
+                with tl.part("setup"):
+                    pos = torch.arange(L, device=dev).unsqueeze(0)
+                    rotary = self.adapter.rotary(dev)
+                    sample = torch.empty((1, L, H), dtype=self.dtype, device=dev)
+                    pe = rotary(sample, pos)
                 masks: dict[int, dict] = {}
                 for i in range(n_layers):
-                    layer = pf.get()
-                    if self.side is not None:
-                        for t in list(layer.parameters()) + list(layer.buffers()):
-                            t.record_stream(torch.cuda.current_stream(dev))
-                    kind = self.adapter.layer_type(i)
-                    phased = self.blocks is not None and self.blocks.splits(layer)
+                    layer = get()
+                    with tl.part("setup"):
+                        if self.side is not None:
+                            for t in list(layer.parameters()) + list(layer.buffers()):
+                                t.record_stream(torch.cuda.current_stream(dev))
+                        kind = self.adapter.layer_type(i)
+                        phased = self.blocks is not None and self.blocks.splits(layer)
+                        if tl.on and not phased:  # the layer's own forward: its attention and MLP calls are parts
+                            mlp = getattr(layer, "mlp", None)
+                            if hasattr(layer, "self_attn"):
+                                profile.module_parts(layer.self_attn, tl, "attention")
+                            if mlp is not None:
+                                profile.module_parts(mlp, tl, "moe" if hasattr(mlp, "experts") else "dense_mlp")
                     for j, h in enumerate(states):
-                        x = h if on_dev else h.to(dev, non_blocking=True)
-                        if x.shape[0] not in masks:
-                            masks[x.shape[0]] = self.adapter.masks(x, pos)
-                        with self._timed("attn_s" if phased else "layer_s"):
+                        with mb_part(j):
+                            with tl.part("states"):
+                                x = h if on_dev else h.to(dev, non_blocking=True)
+                            if x.shape[0] not in masks:
+                                with tl.part("setup"):
+                                    masks[x.shape[0]] = self.adapter.masks(x, pos)
                             if phased:
                                 y = self.blocks.attention_half(layer, x, masks[x.shape[0]][kind], pos, pe)
                             else:
-                                y = layer(x, attention_mask=masks[x.shape[0]][kind], position_ids=pos, position_embeddings=pe)
-                        if on_dev:
-                            states[j] = y
-                        else:
-                            h.copy_(y)
-                        del x, y
+                                with tl.part("norms"):  # what the attention and MLP parts leave: norms, residual adds
+                                    y = layer(x, attention_mask=masks[x.shape[0]][kind], position_ids=pos, position_embeddings=pe)
+                            with tl.part("states"):
+                                if on_dev:
+                                    states[j] = y
+                                else:
+                                    h.copy_(y)
+                                del x, y
                     if phased:
-                        self.blocks.mlp_half(layer, states, on_dev, solo)
+                        self.blocks.mlp_half(layer, states, on_dev, solo, canary)
                     del layer
                     pf.release()
-                head = pf.get()
+                head = get()
                 for j, mb in enumerate(mbs):
-                    x = states[j] if on_dev else states[j].to(dev, non_blocking=True)
-                    states[j] = None
-                    x = head.norm(x).to(torch.float32)
-                    fn = self.act_transform.get("lm_head")
-                    if fn is not None:
-                        x = fn(x)
-                    logits = head.lm_head(x)
-                    if self.world > 1:
-                        logits = parallel.gather_vocab(logits, self.vocab_bounds, self.group)
+                    with mb_part(j):
+                        with tl.part("states"):
+                            x = states[j] if on_dev else states[j].to(dev, non_blocking=True)
+                            states[j] = None
+                        with tl.part("head"):
+                            x = head.norm(x).to(torch.float32)
+                            fn = self.act_transform.get("lm_head")
+                            if fn is not None:
+                                x = fn(x)
+                            logits = head.lm_head(x)
+                            if self.world > 1:
+                                logits = parallel.gather_vocab(logits, self.vocab_bounds, self.group)
                     for r, row in enumerate(mb):
                         yield j, row, logits[r]
                 del head
@@ -308,15 +357,14 @@ class Runner:
         except (ImportError, TypeError, AttributeError):
             return nullcontext()
 
-    def _timed(self, key: str):
-        return profile.timed(self.options.profile, self.stats, key, self.device)
 
-
-def iter_logits(weights: WeightSource | str | Path, sequences, options: RunnerOptions | None = None) -> Iterator[tuple[str, torch.Tensor]]:
-    """The contract entry point: ``(seq_id, float32 [L, V])`` per sequence, layer by layer.
+def iter_logits(weights: WeightSource | str | Path, sequences, options: RunnerOptions | None = None, *,
+                timeline: Timeline | None = None) -> Iterator[tuple[str, torch.Tensor]]:
+    """The contract entry point: ``(seq_id, float32 [L, V])`` per sequence, layer by layer; ``timeline``: the
+    caller's, to put the runner's parts beside its own (fideval.model.profile).
 
     Under torchrun (WORLD_SIZE > 1) every rank must call this; each yields the same, full logits.
     """
     options = options or RunnerOptions()
     rank, world, group = parallel.init_from_env(resolve_device(options.device))
-    yield from Runner(weights, options, rank=rank, world=world, group=group).iter_logits(sequences)
+    yield from Runner(weights, options, rank=rank, world=world, group=group, timeline=timeline).iter_logits(sequences)
