@@ -104,6 +104,8 @@ class Canary:
             self.start = determinism.digest(logits)
 
     def last(self, row: int, logits: torch.Tensor) -> None:
-        if row == self.rows[0]:
+        """The second pass; with no first pass to compare (a resumed run that skipped it and had no stored
+        digest) the verdict stays None: unchecked, not failed."""
+        if row == self.rows[0] and self.start is not None:
             end = determinism.digest(logits)
             self.verdict = {"row": row, "sha256_start": self.start, "sha256_end": end, "identical": self.start == end}

@@ -187,18 +187,26 @@ class Runner:
         return t if self.device.type == "cpu" else t.to(self.device, non_blocking=True)
 
     # -- execution -----------------------------------------------------------------------------------
-    def iter_logits(self, sequences, *, skip: Callable[[str], bool] | None = None,
-                    canary: bool = True) -> Iterator[tuple[str, torch.Tensor]]:
-        """Yield ``(seq_id, float32 [L, V])`` for each sequence not skipped, in input order."""
-        keep = [k for k, sid in enumerate(sequences.ids) if skip is None or not skip(sid)]
+    def iter_logits(self, sequences, *, skip: Callable[[str], bool] | None = None, canary: bool = True,
+                    stored_digest: Callable[[str], str | None] | None = None) -> Iterator[tuple[str, torch.Tensor]]:
+        """Yield ``(seq_id, float32 [L, V])`` for each sequence not skipped, in input order.
+
+        Skipping keeps the composition: chunks, micro-batches and MLP blocks are those of a run over every
+        sequence (they shape the bits), so a chunk with any sequence to yield is computed whole and a chunk
+        with none is not computed. When the first chunk is skipped, the canary's first pass is the digest
+        ``stored_digest(seq_id)`` gives (the stored logits of the first sequence); None leaves it unchecked."""
+        emit = None if skip is None else {k for k, sid in enumerate(sequences.ids) if not skip(sid)}
         tokens = np.asarray(sequences.tokens)
-        for k, logits in self.run(tokens, keep, canary=canary):
+        start = (lambda: stored_digest(sequences.ids[0])) if stored_digest is not None else None
+        for k, logits in self.run(tokens, canary=canary, emit=emit, canary_start=start):
             yield sequences.ids[k], logits
         if self.canary is not None:
             self.canary["seq_id"] = sequences.ids[self.canary.pop("row")]
 
-    def run(self, tokens: np.ndarray, rows: list[int] | None = None, canary: bool = True) -> Iterator[tuple[int, torch.Tensor]]:
-        """Layer-major forward of ``tokens[rows]`` (int [n, L]); yields ``(row, logits float32 [L, V])``."""
+    def run(self, tokens: np.ndarray, rows: list[int] | None = None, canary: bool = True, emit: set[int] | None = None,
+            canary_start: Callable[[], str | None] | None = None) -> Iterator[tuple[int, torch.Tensor]]:
+        """Layer-major forward of ``tokens[rows]`` (int [n, L]); yields ``(row, logits float32 [L, V])`` for the
+        rows in ``emit`` (None: all), computing only the chunks that hold one (see :meth:`iter_logits`)."""
         if tokens.ndim != 2:
             raise ValueError("tokens must be [n, L]")
         rows = list(range(tokens.shape[0])) if rows is None else list(rows)
@@ -216,8 +224,12 @@ class Runner:
         per_chunk = max(m, (self.host_budget // max(per_seq, 1)) // m * m)
         chunks = [rows[a:a + per_chunk] for a in range(0, len(rows), per_chunk)]
         check = hooks.Canary(rows[:m] if canary else [])
+        todo = [ci for ci, chunk in enumerate(chunks) if emit is None or not emit.isdisjoint(chunk)]
+        if check.rows and todo and todo[0] != 0 and todo[-1] == len(chunks) - 1:
+            check.start = canary_start() if canary_start is not None else None  # the first pass is not recomputed
         t0 = time.perf_counter()
-        for ci, chunk in enumerate(chunks):
+        for ci in todo:
+            chunk = chunks[ci]
             mbs = [chunk[a:a + m] for a in range(0, len(chunk), m)]
             extra = ci == len(chunks) - 1 and bool(check.rows)
             if extra:
@@ -232,6 +244,8 @@ class Runner:
                 if ci == 0 and j == 0:
                     with tl.part("canary"):  # the digest of the first pass
                         check.first(row, logits)
+                if emit is not None and row not in emit:
+                    continue  # computed for the composition only (a resumed run's finished sequence)
                 self.stats["tokens"] += L
                 yield row, logits
         self.canary = check.verdict
