@@ -131,7 +131,18 @@ class TeacherConfig(Strict):
     model_parallel: int = Field(1, ge=1, description="ranks (torchrun) over which experts and heads are split")
     lengths: list[Literal["windows", "cuts"]] = Field(
         default_factory=lambda: ["windows", "cuts"], description="which sequences the workflow runs the teacher on and scores")
-    micro_batch: int = Field(1, ge=1, description="sequences per forward; fixed so results are reproducible")
+    micro_batch: Annotated[int, Field(ge=1)] | Literal["auto"] = Field(
+        "auto", description="sequences per attention call; auto: 1 on a CPU, sized from the GPU's free memory on CUDA "
+        "(docs/runner.md, 'Run settings and accounting'). Shapes the bits: the number run is recorded in the teacher store "
+        "and candidates use it")
+    mlp_tokens: Annotated[int, Field(ge=1)] | Literal["auto"] | None = Field(
+        "auto", description="the throughput mode: MLP/MoE over blocks of up to this many tokens spanning micro-batches; "
+        "null: whole layers per micro-batch; auto: null on a CPU, sized on CUDA (65,536 where memory allows). Recorded "
+        "like micro_batch")
+    chunk_bytes: Annotated[int, Field(ge=1)] | Literal["auto"] | None = Field(
+        "auto", description="hidden-state bytes of the sequences that go through the layers together (each chunk reads "
+        "every layer's weights once); null: the runner's 4 GiB; auto: null on a CPU, what the GPU holds beside the "
+        "weights and the largest layer phase on CUDA. Recorded like micro_batch")
 
 
 class ModuleQuant(Strict):

@@ -12,7 +12,7 @@ def teacher(
     windows: Annotated[Path, typer.Option("--windows", help="output folder of 'fideval windows', or one of its "
                                           "windows-<W>/ or cuts-<C>/ token files (then only that length)")],
     out: Annotated[Path, options.out("logit store folder to write (resumes if present)")],
-    config: Annotated[Path | None, options.config("take model, device, dtype and micro-batch from this config")] = None,
+    config: Annotated[Path | None, options.config("take model, device, dtype and run settings from this config")] = None,
     model: Annotated[Path | None, typer.Option("--model", help="Hugging Face checkpoint folder (config.json + safetensors)")] = None,
     lengths: Annotated[str, typer.Option("--lengths", "--kind", help="which sequence folders: windows, cuts or both")] = "windows,cuts",
     domain: Annotated[list[str] | None, typer.Option("--domain", help="only this domain (repeatable); default all")] = None,
@@ -20,7 +20,14 @@ def teacher(
     dtype: Annotated[str | None, typer.Option(
         "--dtype", help="compute dtype of the layers: float32 or bfloat16 (lm head is always float32)")] = None,
     micro_batch: Annotated[int | None, typer.Option(
-        "--micro-batch", min=1, help="sequences per forward call (fixed for reproducibility)")] = None,
+        "--micro-batch", min=1, help="sequences per attention call (default: config, else auto: 1 on a CPU, sized on a GPU)")] = None,
+    mlp_tokens: Annotated[str | None, typer.Option(
+        "--mlp-tokens", help="MLP/MoE token block spanning micro-batches (throughput mode): N, auto or off "
+        "(default: config, else auto: off on a CPU, sized on a GPU)")] = None,
+    chunk_bytes: Annotated[str | None, typer.Option(
+        "--chunk-bytes", help="hidden-state bytes of one chunk (every layer read once per chunk): N, auto or off (4 GiB)")] = None,
+    peak_tflops: Annotated[float | None, typer.Option(
+        "--peak-tflops", help="the GPU's dense peak for the utilisation figure (default: by GPU name; unknown: not shown)")] = None,
     model_id: Annotated[str | None, typer.Option("--model-id", help="recorded in the store (default: folder name)")] = None,
     model_revision: Annotated[str | None, typer.Option("--model-revision", help="recorded in the store (default: 'local')")] = None,
 ) -> None:
@@ -37,17 +44,20 @@ def teacher(
     kinds = tuple(x.strip() for x in lengths.split(",") if x.strip())
     sequence_folders(windows, kinds)  # a bad --windows or --lengths fails before the output folder exists
     args = _settings(config, model=model, model_id=model_id, model_revision=model_revision, device=device,
-                     dtype=dtype, micro_batch=micro_batch)
+                     dtype=dtype, micro_batch=micro_batch, mlp_tokens=mlp_tokens, chunk_bytes=chunk_bytes)
     if int(os.environ.get("RANK", "0")) == 0:  # under torchrun rank 0 alone writes, and holds the lock
         with output_lock(out, "teacher"):
-            r = run_teacher(windows_dir=windows, out=out, kinds=kinds, domains=domain or None, **args)
+            r = run_teacher(windows_dir=windows, out=out, kinds=kinds, domains=domain or None, peak_tflops=peak_tflops, **args)
     else:
-        r = run_teacher(windows_dir=windows, out=out, kinds=kinds, domains=domain or None, **args)
-    st = r["stats"]
-    canary = ", ".join(f"{c['folder']} {'identical' if c.get('identical') else 'DIFFERS'}" for c in r["canaries"]) or "none"
-    typer.echo(f"{out}: {r['written']} sequences written, {r['skipped']} already done; canary {canary}; "
-               f"{st['tokens'] / max(st['wall_s'], 1e-9):,.0f} tokens/s, weight loading {st['load_s']:.1f} s "
-               f"({st['wait_s']:.1f} s not hidden)")
+        r = run_teacher(windows_dir=windows, out=out, kinds=kinds, domains=domain or None, peak_tflops=peak_tflops, **args)
+    from fideval.model.accounting import line
+
+    st, ran = r["stats"], r["settings"]
+    verdict = {True: "identical", False: "DIFFERS", None: "unchecked"}
+    canary = ", ".join(f"{c['folder']} {verdict[c.get('identical')]}" for c in r["canaries"]) or "none"
+    typer.echo(f"{out}: {r['written']} sequences written, {r['skipped']} already done; canary {canary}; micro-batch "
+               f"{ran['micro_batch']}, mlp tokens {ran['mlp_tokens'] or 'off'}; {line(r['profile'])}; weight loading "
+               f"{st['load_s']:.1f} s ({st['wait_s']:.1f} s not hidden)")
 
 
 def _settings(config: Path | None, **given) -> dict:
@@ -62,12 +72,14 @@ def _settings(config: Path | None, **given) -> dict:
         cfg = load_config(config)
         files = locate(cfg.model.path, cfg.model.revision) if "model" not in got else None
         base = {"model_id": cfg.model.id, "device": cfg.teacher.device, "dtype": cfg.teacher.dtype,
-                "micro_batch": cfg.teacher.micro_batch}
+                "micro_batch": cfg.teacher.micro_batch, "mlp_tokens": cfg.teacher.mlp_tokens, "chunk_bytes": cfg.teacher.chunk_bytes}
         if files is not None:
             base.update(model=files.folder, model_revision=files.revision or cfg.model.revision)
         else:
             base["model_revision"] = cfg.model.revision
-        got = {**{k: v for k, v in base.items() if v is not None}, **got}
+        nullable = ("mlp_tokens", "chunk_bytes")  # null in the config: off, not "not given"
+        got = {**{k: v for k, v in base.items() if v is not None or k in nullable}, **got}
     if "model" not in got:
         raise FidevalError("no model given", hint="pass --model DIR or --config CONFIG")
-    return {"model_dir": got.pop("model"), "device": "auto", "dtype": "float32", "micro_batch": 1, **got}
+    return {"model_dir": got.pop("model"), "device": "auto", "dtype": "float32", "micro_batch": "auto",
+            "mlp_tokens": "auto", "chunk_bytes": "auto", **got}

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import json
 import os
+import time
 from pathlib import Path
 
 from fideval.errors import FidevalError
@@ -73,19 +74,91 @@ class _Quiet:
         pass
 
 
-def run_teacher(model_dir, windows_dir, out, *, kinds=KINDS, device="auto", dtype="float32", model_id=None,
-                model_revision=None, micro_batch: int = 1, domains: list[str] | None = None) -> dict:
+def recorded_settings(out: Path) -> dict | None:
+    """The bit-shaping settings an existing store (a finished one, or the shards of a killed run) was written
+    with, from its manifest or a shard's header; None for a new store. A ``teacher`` block without
+    ``mlp_tokens`` (older stores) means no throughput mode."""
+    from fideval.model.sizing import RECORDED
+    from fideval.store import manifest as mf
+    from fideval.store.shard import read_header
+
+    meta = None
+    if (out / mf.MANIFEST).is_file():
+        meta = mf.load_manifest(out)["meta"]
+    else:
+        for shard in sorted((out / "shards").glob("*.safetensors"))[:1] if (out / "shards").is_dir() else []:
+            try:
+                meta = read_header(shard).meta
+            except FidevalError:  # a damaged shard is rewritten; its settings say nothing
+                meta = None
+    if not meta or not meta.get("teacher"):
+        return None
+    ran = json.loads(meta["teacher"])
+    return {k: ran.get(k) for k in RECORDED}
+
+
+def _stored_digest(out: Path, seq_id: str) -> str | None:
+    """The digest (fideval.model.determinism.digest) of a finished shard's logits: a resumed run's canary
+    compares its recomputation of the first micro-batch with what the first run stored."""
+    import numpy as np
     import torch
 
+    from fideval.model.determinism import digest
+    from fideval.store.shard import read_header, shard_rel
+
+    path = out / shard_rel(seq_id)
+    try:
+        head = read_header(path)
+    except FidevalError:
+        return None
+    logits = np.fromfile(path, dtype="<f4", count=head.rows * head.vocab, offset=head.logits_offset)
+    return digest(torch.from_numpy(logits.reshape(head.rows, head.vocab)))
+
+
+def _settings(dev, dtype: str, config, seqs: list, todo: int, out: Path, world: int, group, asked: dict):
+    """Sizing (fideval.model.sizing) for the longest sequences of the run, every ``auto`` a resumed store recorded
+    taken from it; under torchrun rank 0's settings for every rank."""
+    from fideval.model import sizing
+    from fideval.model.device import resolve_dtype
+
+    asked = sizing.adopt(asked, recorded_settings(out), f"store {out}")
+    length = max((s.tokens.shape[1] for s in seqs if s.tokens.size), default=1)
+    st = sizing.choose(dev, resolve_dtype(dtype), config, length, n_sequences=todo, world=world, **asked)
+    if world > 1:  # sized from each rank's free memory: rank 0's numbers for all, or ranks would differ in bits
+        import torch.distributed as dist
+
+        box = [st]
+        dist.broadcast_object_list(box, src=0, group=group)
+        st = box[0]
+    return st
+
+
+def run_teacher(model_dir, windows_dir, out, *, kinds=KINDS, device="auto", dtype="float32", model_id=None,
+                model_revision=None, micro_batch: int | str = "auto", mlp_tokens: int | str | None = "auto",
+                chunk_bytes: int | str | None = "auto", peak_tflops: float | None = None,
+                domains: list[str] | None = None) -> dict:
+    """The teacher run; returns ``written``, ``skipped``, ``canaries``, ``stats`` (the runner's), ``settings``
+    (what ran) and ``profile`` (the whole run's accounting, also in the store's manifest meta)."""
+    t_start = time.perf_counter()
+    import torch
+
+    from fideval.model import accounting, sizing
+    from fideval.model.adapters import Adapter
+    from fideval.model.checkpoint import open_weights
     from fideval.model.device import resolve_device, resolve_dtype
+    from fideval.model.flops import flops_per_token
     from fideval.model.parallel import init_from_env
+    from fideval.model.profile import Timeline
     from fideval.model.runner import Runner, RunnerOptions
     from fideval.progress import progress
     from fideval.store import StoreWriter
+    from fideval.store.background import BackgroundWriter
     from fideval.windows.layout import read_sequences
 
     model_dir, windows_dir, out = Path(model_dir), Path(windows_dir), Path(out)
     resolve_dtype(dtype)  # a bad name fails before any file is read
+    asked = {k: sizing.parse(v, "--" + k.replace("_", "-"), off=k != "micro_batch")
+             for k, v in (("micro_batch", micro_batch), ("mlp_tokens", mlp_tokens), ("chunk_bytes", chunk_bytes))}
     windows_dir, folders = sequence_folders(windows_dir, tuple(kinds))
     model_sha, win_sha = _tokenizer_shas(model_dir, windows_dir)
     if model_sha and win_sha and model_sha != win_sha:
@@ -93,23 +166,21 @@ def run_teacher(model_dir, windows_dir, out, *, kinds=KINDS, device="auto", dtyp
                            f"{model_dir / 'tokenizer.json'} is {model_sha[:12]}…", hint="rebuild the windows with this model's tokenizer")
     dev = resolve_device(device)
     rank, world, group = init_from_env(dev)
-    opts = RunnerOptions(device=dev, dtype=resolve_dtype(dtype), micro_batch=micro_batch)
-    runner = Runner(model_dir, opts, rank=rank, world=world, group=group)
+    adapter = Adapter.load(open_weights(model_dir))  # the config, checked: sizing needs it before the runner
+    vocab = adapter.vocab_size
+    block = {"runner": "fideval.model.runner", "arch": adapter.arch, "dtype": dtype, "device": dev.type, "model_parallel": world,
+             # CPU float sums change order with the thread count: part of what makes logits reproducible
+             "torch_threads": torch.get_num_threads() if dev.type == "cpu" else None, "lm_head": "float32"}
     meta = {"model_id": model_id or model_dir.name, "model_revision": model_revision or "local",
-            "tokenizer_sha256": win_sha or model_sha or "unknown", "vocab_size": runner.vocab_size, "kind": "logits",
-            "teacher": {"runner": "fideval.model.runner", "arch": runner.adapter.arch, "dtype": dtype,
-                        "device": dev.type, "model_parallel": world, "micro_batch": micro_batch,
-                        # CPU float sums change order with the thread count: part of what makes logits reproducible
-                        "torch_threads": torch.get_num_threads() if dev.type == "cpu" else None,
-                        "lm_head": "float32"}}
+            "tokenizer_sha256": win_sha or model_sha or "unknown", "vocab_size": vocab, "kind": "logits", "teacher": block}
     writer = StoreWriter(out, meta) if rank == 0 else None
     seqs = [read_sequences(f).select_domains(domains) for f in folders]
     if domains and not any(len(s.ids) for s in seqs):
         raise FidevalError(f"{windows_dir}: no sequences of domain {', '.join(domains)}",
                            hint="check --domain against the config's domains")
     for f, s in zip(folders, seqs):  # every length checked before the first forward pass
-        if s.tokens.size and int(s.tokens.max()) >= runner.vocab_size:
-            raise FidevalError(f"{f}: token id {int(s.tokens.max())} is outside the model's vocabulary of {runner.vocab_size}",
+        if s.tokens.size and int(s.tokens.max()) >= vocab:
+            raise FidevalError(f"{f}: token id {int(s.tokens.max())} is outside the model's vocabulary of {vocab}",
                                hint="the windows were tokenized with another tokenizer than this model's")
     done = {sid for s in seqs for sid in s.ids if writer.done(sid)} if writer is not None else set()
     if world > 1:
@@ -119,28 +190,62 @@ def run_teacher(model_dir, windows_dir, out, *, kinds=KINDS, device="auto", dtyp
         dist.broadcast_object_list(box, src=0, group=group)
         done = set(box[0])
     todo = sum(len(s.ids) - sum(sid in done for sid in s.ids) for s in seqs)
-    canaries, written = [], 0
-    with (progress("teacher", total=todo, unit="sequences") if rank == 0 else _Quiet()) as bar:
-        for f, s in zip(folders, seqs):
-            if all(sid in done for sid in s.ids):
-                continue
-            row = {sid: k for k, sid in enumerate(s.ids)}
-            # Only missing sequences run: the micro-batches a resumed run forms are the ones an uninterrupted
-            # run would form for them, so its shards are bit-identical (the canary is the first one computed).
-            for sid, logits in runner.iter_logits(s, skip=done.__contains__):
-                if writer is not None:
-                    k = row[sid]
-                    writer.write(sid, logits, s.tokens[k], s.window_of(sid), s.domains[k])
-                written += 1
-                bar.advance(1)
-            canaries.append({"folder": f.name, **(runner.canary or {})})
-    result = {"written": written, "skipped": len(done), "canaries": canaries, "stats": dict(runner.stats)}
-    bad = [c for c in canaries if not c.get("identical")]
-    if writer is not None:
-        if canaries:  # StoreWriter.finish() takes no meta: the verdict joins the manifest meta here
-            # store meta values are strings (docs/formats-store.md), so the verdict is JSON text like `teacher`
-            writer.meta["canary"] = json.dumps(canaries[0] if len(canaries) == 1 else canaries, sort_keys=True)
-        writer.finish()
+    st = _settings(dev, dtype, adapter.config, seqs, todo, out, world, group, asked)
+    block.update(st.recorded())
+    if writer is not None:  # before the first shard: every shard carries the store's meta
+        writer.meta["teacher"] = json.dumps(block, sort_keys=True)
+    timeline = Timeline(dev)
+    opts = RunnerOptions(device=dev, dtype=resolve_dtype(dtype), profile=True, **st.runner_options())
+    runner = Runner(model_dir, opts, rank=rank, world=world, group=group, timeline=timeline)
+    bg = BackgroundWriter(writer, timeline=timeline) if writer is not None else None
+    canaries, written, flops = [], 0, 0.0
+    startup = time.perf_counter() - t_start
+    timeline.start()
+    try:
+        with (progress("teacher", total=todo, unit="sequences") if rank == 0 else _Quiet()) as bar:
+            for f, s in zip(folders, seqs):
+                if all(sid in done for sid in s.ids):
+                    continue
+                row = {sid: k for k, sid in enumerate(s.ids)}
+                per_token = flops_per_token(adapter.config, s.tokens.shape[1])["total"]
+                # A resumed run computes the chunks that hold a missing sequence, whole: its micro-batches and MLP
+                # blocks are an uninterrupted run's, so its shards are bit-identical; the canary's first pass,
+                # when its chunk is done, is the stored shard.
+                for sid, logits in runner.iter_logits(s, skip=done.__contains__,
+                                                      stored_digest=(lambda x: _stored_digest(out, x)) if rank == 0 else None):
+                    if bg is not None:
+                        k = row[sid]
+                        bg.write(sid, logits, s.tokens[k], s.window_of(sid), s.domains[k])
+                    written += 1
+                    flops += per_token * logits.shape[0]
+                    bar.advance(1)
+                canaries.append({"folder": f.name, **(runner.canary or {"identical": None})})  # None: unchecked
+        if bg is not None:
+            with timeline.part("store_write"):
+                bg.flush()
+        stats = runner.finish_profile()
+        wall = time.perf_counter() - t_start
+    except BaseException:
+        if bg is not None:
+            bg.close()
+        raise
+    peak = peak_tflops if peak_tflops is not None else accounting.peak_tflops(accounting.device_name(dev), dtype)
+    hidden = {"load": accounting.hidden_share(stats["load_s"], stats["wait_s"])}
+    if bg is not None:
+        hidden["write"] = bg.hidden()
+    prof = accounting.summary(wall, {"startup": startup, **stats.get("parts", {})}, device=accounting.device_name(dev),
+                              tokens=stats["tokens"], model_flops=flops, peak=peak if dev.type == "cuda" else None,
+                              world=world, hidden=hidden)
+    result = {"written": written, "skipped": len(done), "canaries": canaries, "stats": dict(stats), "settings": st.recorded(),
+              "profile": prof}
+    bad = [c for c in canaries if c.get("identical") is False]
+    if bg is not None:
+        # StoreWriter.finish() takes no meta: the verdict and the profile join the manifest meta here; store meta
+        # values are strings (docs/formats-store.md), so they are JSON text like `teacher`
+        if canaries:
+            bg.meta["canary"] = json.dumps(canaries[0] if len(canaries) == 1 else canaries, sort_keys=True)
+        bg.meta["profile"] = json.dumps(prof, sort_keys=True)
+        bg.finish()
     if bad:
         raise FidevalError(f"canary {bad[0].get('seq_id')} in {bad[0]['folder']} changed between the start and the end of the run "
                            f"({bad[0].get('sha256_start', '')[:12]} vs {bad[0].get('sha256_end', '')[:12]})",
@@ -160,18 +265,22 @@ def main(argv=None) -> int:
     ap.add_argument("--lengths", default="windows,cuts")
     ap.add_argument("--device", default="auto")
     ap.add_argument("--dtype", default="float32")
-    ap.add_argument("--micro-batch", type=int, default=1)
+    ap.add_argument("--micro-batch", default="auto", help="sequences per attention call, or auto")
+    ap.add_argument("--mlp-tokens", default="auto", help="MLP token block (throughput mode), auto, or off")
+    ap.add_argument("--chunk-bytes", default="auto", help="hidden-state bytes per chunk, auto, or off (4 GiB)")
+    ap.add_argument("--peak-tflops", type=float, help="the GPU's peak for the utilisation figure (default: by its name)")
     ap.add_argument("--model-id")
     ap.add_argument("--model-revision")
     a = ap.parse_args(argv)
     try:
         r = run_teacher(a.model, a.windows, a.out, kinds=tuple(x for x in a.lengths.split(",") if x), device=a.device,
-                        dtype=a.dtype, model_id=a.model_id, model_revision=a.model_revision, micro_batch=a.micro_batch)
+                        dtype=a.dtype, model_id=a.model_id, model_revision=a.model_revision, micro_batch=a.micro_batch,
+                        mlp_tokens=a.mlp_tokens, chunk_bytes=a.chunk_bytes, peak_tflops=a.peak_tflops)
     except FidevalError as e:
         print(f"fideval: error: {e.line()}", file=sys.stderr)
         return 2
     if int(os.environ.get("RANK", "0")) == 0:
-        print(json.dumps({k: r[k] for k in ("written", "skipped", "canaries")}))
+        print(json.dumps({k: r[k] for k in ("written", "skipped", "canaries", "settings", "profile")}))
     return 0
 
 
