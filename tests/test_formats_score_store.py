@@ -16,7 +16,10 @@ SCORE = {"format": "fideval.score", "version": 1, "candidate": "q4", "path": "st
          "teacher": {"store": "t", "model_id": "org/m", "model_revision": "abc", "manifest_sha256": None},
          "cpu_check": {"rows_checked": 4, "max_rel_diff": 1e-14, "tolerance": 2e-12, "every": 1000, "worst": None},
          "self_check": None, "nonfinite_rows": 0, "on_nonfinite": "fail", "device": "cpu", "kernel": "torch",
-         "figures": ["kld"], "records": "records.parquet", "candidate_info": None, "tool": {"name": "fideval"}}
+         "figures": ["kld"], "records": "records.parquet", "candidate_info": None, "tool": {"name": "fideval"},
+         "profile": {"wall_s": 2.0, "parts": {"read_back": 0.5, "scoring": 1.25, "other": 0.25}, "other_fraction": 0.125,
+                     "device": "cpu", "tokens": None, "tokens_per_s": None, "model_flops": None, "peak_tflops": None,
+                     "flop_utilisation": None, "hidden": None}}
 ENTRY = {"file": "shards/code-000.safetensors", "sha256": "0" * 64, "bytes": 100, "rows": 8, "tokens": 8,
          "row_start": 0, "window_id": "code-000", "domain": "code"}
 MANIFEST = {"format": "fideval.store", "version": "1",
@@ -51,6 +54,7 @@ def _edit(obj, edit):
     (lambda o: o.pop("candidate"), "missing key 'candidate'"),
     (lambda o: o["cpu_check"].pop("tolerance"), "missing key 'cpu_check.tolerance'"),
     (lambda o: o.update(rows="126"), "'rows' is '126', expected integer"),
+    (lambda o: o["profile"]["parts"].update(scoring="1 s"), "profile.parts: 'scoring' is '1 s', expected number"),
     (lambda o: o.update(length=0), "length 0 is not a positive integer"),
     (lambda o: o.update(version=2), "has score format version 2 (a newer fideval); this fideval reads version 1"),
     (lambda o: o.update(format="fideval.report"), "is not a fideval.score file (format 'fideval.report')"),

@@ -220,7 +220,7 @@ def test_config_leaving_the_keys_out_follows_the_manifest(taught, monkeypatch):
     import fideval.model.runner as runner
 
     seen, real = [], runner.iter_logits
-    monkeypatch.setattr(runner, "iter_logits", lambda w, s, o: seen.append((o.micro_batch, o.dtype)) or real(w, s, o))
+    monkeypatch.setattr(runner, "iter_logits", lambda w, s, o, **kw: seen.append((o.micro_batch, o.dtype)) or real(w, s, o, **kw))
     res = _score_config(taught, "follows")
     assert res.code == 0, res.stderr
     assert seen == [(4, torch.float32)]  # the manifest's micro-batch, not the config's default of 1

@@ -28,6 +28,8 @@ def score(
                                                     "reference (default: config or 2e-12)")] = None,
     on_nonfinite: Annotated[str | None, typer.Option("--on-nonfinite", help="fail or skip rows holding NaN/+inf "
                                                      "(default: config or fail)")] = None,
+    peak_tflops: Annotated[float | None, typer.Option(
+        "--peak-tflops", help="the GPU's dense peak for a model run's utilisation figure (default: by GPU name)")] = None,
 ) -> None:
     """Score candidate logits against the teacher's in float64 over the full vocabulary."""
     from fideval.config import load_config
@@ -40,10 +42,14 @@ def score(
     cfg = load_config(config) if config is not None else None
     device = device or (cfg.teacher.device if cfg is not None else "auto")
     settings = ScoreSettings.of(cfg.score if cfg is not None else None, device=device, kernel=kernel,
-                                cpu_check_every=cpu_check_every, cpu_check_tolerance=tolerance, on_nonfinite=on_nonfinite)
+                                cpu_check_every=cpu_check_every, cpu_check_tolerance=tolerance, on_nonfinite=on_nonfinite,
+                                peak_tflops=peak_tflops)
     t = StoreReader(resolve_store(teacher))
     cand = select(t, candidate, path, settings, cfg=cfg, name=name, self_check=self_check)
     with output_lock(out, "score"):
         s = score_candidate(t, cand, out, settings, self_check_first=self_check and not cand.is_teacher, teacher_spec=teacher)
+    from fideval.model.accounting import line
+
     typer.echo(f"{out}: {s['rows']:,} rows scored with {s['kernel']} on {s['device']}; "
-               f"CPU check {s['cpu_check']['rows_checked']} rows, max rel diff {s['cpu_check']['max_rel_diff']:.2g}")
+               f"CPU check {s['cpu_check']['rows_checked']} rows, max rel diff {s['cpu_check']['max_rel_diff']:.2g}; "
+               f"{line(s['profile'])}")

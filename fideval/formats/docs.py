@@ -20,7 +20,7 @@ from fideval.formats.model import fields_table
 DOCS = Path(__file__).resolve().parents[2] / "docs"
 _MODELS = {
     "score": score.ScoreSummary, "score.teacher": score.TeacherRef, "score.cpu_check": score.CpuCheck,
-    "score.self_check": score.SelfCheck,
+    "score.self_check": score.SelfCheck, "score.profile": score.RunProfile,
     "store": store.StoreManifest, "store.shard": store.ShardEntry,
     "eval-windows": windows.EvalWindows, "eval-windows.windows_config": windows.WindowsSettings,
     "eval-windows.window": windows.Window, "eval-windows.document": windows.Document,

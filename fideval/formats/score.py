@@ -41,6 +41,25 @@ class SelfCheck(Model):
 
 
 @dataclass(frozen=True, kw_only=True)
+class RunProfile(Model):
+    wall_s: float = key("the run's wall time in seconds")
+    parts: dict[str, float] = key("seconds per part of the run (docs/runner.md, 'Run settings and accounting'), summing "
+                                  "to `wall_s`; `other` is the time no part claims")
+    other_fraction: float = key("`other` / `wall_s`")
+    device: str | None = key("`cpu` or the GPU's name", default=None)
+    tokens: int | None = key("tokens the model computed (the canary's repeat not counted); null when no model ran",
+                             default=None)
+    tokens_per_s: float | None = key("`tokens` / `wall_s`", default=None)
+    model_flops: float | None = key("analytic model FLOPs of those tokens (fideval.model.flops)", default=None)
+    peak_tflops: float | None = key("the GPU's dense peak used for the utilisation (`--peak-tflops`, else by GPU name)",
+                                    default=None)
+    flop_utilisation: float | None = key("`model_flops` / `wall_s` / (peak x GPUs); null off CUDA or for an unknown GPU",
+                                         default=None)
+    hidden: dict[str, float] | None = key("share of background work the run did not wait for: `load` (weight "
+                                          "prefetch), `write` (store writes)", default=None)
+
+
+@dataclass(frozen=True, kw_only=True)
 class ScoreSummary(Model):
     FORMAT = "fideval.score"
     VERSION = 1
@@ -65,6 +84,8 @@ class ScoreSummary(Model):
     candidate_info: dict[str, Any] | None = key("how the candidate was made (null for a candidate store)",
                                                 default=None)
     tool: dict[str, Any] | None = key("fideval's name, version, git commit and Python", default=None)
+    profile: RunProfile | None = key("where the run's time went, tokens/s and model FLOP utilisation (added in "
+                                     "version 1, optional)", default=None)
 
     def problem(self) -> str | None:
         if self.length is not None and self.length < 1:

@@ -10,9 +10,9 @@ weight once, as its layer is materialised (never per token), and on the *serving
 quantizes the activations entering those modules to E4M3 per 1x128 as the serving kernels do; the
 *weights-only* path leaves activations alone. Bits per weight are counted from the checkpoint's headers.
 
-The settings that shape the bits (dtype, micro-batch, model id and revision, tokenizer) are the teacher's,
-read back from its store's manifest: a model run with other settings would differ from the teacher for
-reasons that are not the quantization (:func:`teacher_settings`).
+The settings that shape the bits (dtype, micro-batch, MLP token block and chunk, model id and revision,
+tokenizer) are the teacher's, read back from its store's manifest: a model run with other settings would
+differ from the teacher for reasons that are not the quantization (:func:`teacher_settings`).
 """
 
 from __future__ import annotations
@@ -51,6 +51,8 @@ class Candidate:
     info: dict[str, Any] | None = None  # score.json's candidate_info (source, quant spec, bits per weight)
     order: list[str] | None = None  # the seq ids in the shards' order, when known up front (a store's)
     is_teacher: bool = False  # the teacher scored against itself: the run is the self-check
+    timeline: Any = None  # a model run's fideval.model.profile.Timeline: the runner's parts beside the scorer's
+    flops_per_token: float | None = None  # a model run's analytic model FLOPs per token (fideval.model.flops)
 
 
 def teacher_sequences(teacher: Any):
@@ -70,21 +72,26 @@ def teacher_sequences(teacher: Any):
 
 
 def teacher_settings(cfg: Any, teacher: Any, files: Any) -> dict[str, Any]:
-    """``{dtype, micro_batch}`` the teacher ran with (its manifest's ``teacher`` block), after checking that
-    the config and the model folder agree with the store: a key the config sets to another value, another
-    model id, revision or tokenizer is a one-line error. A key the config leaves out follows the manifest;
-    a store that records no settings (a hand-made or imported one) takes the config's."""
+    """``{dtype, micro_batch, mlp_tokens, chunk_bytes}`` the teacher ran with (its manifest's ``teacher`` block),
+    after checking that the config and the model folder agree with the store: a key the config sets to another
+    value, another model id, revision or tokenizer is a one-line error. A key the config leaves out (or sets to
+    ``auto``) follows the manifest; a ``teacher`` block without ``mlp_tokens``/``chunk_bytes`` (older stores)
+    means none (no throughput mode, the runner's default chunk); a store that records no settings (a hand-made or
+    imported one) takes the config's."""
     from fideval.fsio import sha256_file
+    from fideval.model.sizing import AUTO, RECORDED
 
     meta, where = teacher.meta, f"teacher store {teacher.root}"
     ran = json.loads(meta["teacher"]) if meta.get("teacher") else {}
     out = {}
-    for key in ("dtype", "micro_batch"):
+    for key in ("dtype", *RECORDED):
         mine = getattr(cfg.teacher, key)
-        if key in ran and key in cfg.teacher.model_fields_set and mine != ran[key]:
-            raise FidevalError(f"config teacher.{key} is {mine!r} but {where} was made with {key} {ran[key]!r}",
-                               hint=f"set teacher.{key}: {ran[key]} (or drop it), or rerun the teacher with the config")
-        out[key] = ran.get(key, mine)
+        known = key in ran or (bool(ran) and key not in ("dtype", "micro_batch"))
+        theirs = ran.get(key)
+        if known and key in cfg.teacher.model_fields_set and mine != AUTO and mine != theirs:
+            raise FidevalError(f"config teacher.{key} is {mine!r} but {where} was made with {key} {theirs!r}",
+                               hint=f"set teacher.{key}: {theirs} (or drop it), or rerun the teacher with the config")
+        out[key] = theirs if known else mine
     tok = Path(files.folder) / "tokenizer.json"
     checks = [("model id", cfg.model.id, meta.get("model_id")), ("model revision", files.revision, meta.get("model_revision")),
               ("tokenizer SHA-256", sha256_file(tok) if tok.is_file() else None, meta.get("tokenizer_sha256"))]
@@ -95,16 +102,36 @@ def teacher_settings(cfg: Any, teacher: Any, files: Any) -> dict[str, Any]:
     return out
 
 
+def run_options(files: Any, seqs: Any, settings: dict[str, Any], device: str) -> tuple[dict[str, Any], Any]:
+    """RunnerOptions' fields for a model run over ``seqs`` with the teacher's ``settings`` (an ``auto`` left by a
+    store that records none is sized here, fideval.model.sizing), and the reference's transformers config."""
+    from transformers import AutoConfig
+
+    from fideval.model import sizing
+    from fideval.model.device import resolve_device, resolve_dtype
+
+    config = AutoConfig.from_pretrained(str(files.folder))
+    dtype = resolve_dtype(settings["dtype"])
+    st = sizing.choose(resolve_device(device), dtype, config, seqs.tokens.shape[1], n_sequences=len(seqs.ids),
+                       **{k: settings[k] for k in sizing.RECORDED})
+    return {"device": device, "dtype": dtype, "profile": True, **st.runner_options()}, config
+
+
 def _model_run(files: Any, teacher: Any, settings: dict[str, Any], device: str, checkpoint: Any = None,
-               **transforms: Any) -> Iterator[CandidateShard]:
-    """The runner over the teacher's sequences, with the teacher's dtype and micro-batch; ``checkpoint`` (a real
-    build) stands in for the reference's weights, ``transforms`` are RunnerOptions' weight/act transforms."""
-    from fideval.model.device import resolve_dtype
+               timeline: Any = None, **transforms: Any) -> tuple[Iterator[CandidateShard], float, dict[str, Any]]:
+    """The runner over the teacher's sequences, with the teacher's settings; ``checkpoint`` (a real build)
+    stands in for the reference's weights, ``transforms`` are RunnerOptions' weight/act transforms. Returns the
+    shards, the model FLOPs per token and the settings as run."""
+    from fideval.model.flops import flops_per_token
     from fideval.model.runner import RunnerOptions, iter_logits
 
-    opts = RunnerOptions(device=device, dtype=resolve_dtype(settings["dtype"]), micro_batch=settings["micro_batch"], **transforms)
-    logits = iter_logits(checkpoint if checkpoint is not None else files.folder, teacher_sequences(teacher), opts)
-    return (CandidateShard(sid, x) for sid, x in logits)
+    seqs = teacher_sequences(teacher)
+    fields, config = run_options(files, seqs, settings, device)
+    opts = RunnerOptions(**fields, **transforms)
+    logits = iter_logits(checkpoint if checkpoint is not None else files.folder, seqs, opts, timeline=timeline)
+    ran = {"dtype": settings["dtype"], "micro_batch": opts.micro_batch, "mlp_tokens": opts.mlp_tokens,
+           "chunk_bytes": opts.host_budget_bytes}
+    return (CandidateShard(sid, x) for sid, x in logits), flops_per_token(config, seqs.tokens.shape[1])["total"], ran
 
 
 def from_config(cfg: Any, name: str, path: str, teacher: Any, device: str) -> Candidate:
@@ -119,12 +146,18 @@ def from_config(cfg: Any, name: str, path: str, teacher: Any, device: str) -> Ca
     cand = by_name[name]
     if path not in cand.paths:
         raise FidevalError(f"candidate {name!r} has no path {path!r}", hint=f"its paths: {', '.join(cand.paths)}")
+    from fideval.model.device import resolve_device
+    from fideval.model.profile import Timeline
+
     files = locate(cfg.model.path, cfg.model.revision)
     settings = teacher_settings(cfg, teacher, files)
     hooks, info = (_real if cand.checkpoint is not None else _emulated)(cand, path, files)
     info = {"model_id": cfg.model.id, "model_revision": files.revision,
             "activations": "e4m3 per 1x128" if path == "serving" else "none", **info}
-    return Candidate(name=name, path=path, shards=_model_run(files, teacher, settings, device, **hooks), info=info)
+    timeline = Timeline(resolve_device(device))
+    shards, per_token, ran = _model_run(files, teacher, settings, device, timeline=timeline, **hooks)
+    info["run_settings"] = ran
+    return Candidate(name=name, path=path, shards=shards, info=info, timeline=timeline, flops_per_token=per_token)
 
 
 def _emulated(cand: Any, path: str, files: Any) -> tuple[dict[str, Any], dict[str, Any]]:

@@ -16,6 +16,8 @@ float64 temporaries are capped at half a shard. A model run's teacher shards are
 
 from __future__ import annotations
 
+import time
+from contextlib import nullcontext
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -27,8 +29,10 @@ from fideval.errors import FidevalError
 from fideval.formats.ids import window_of
 from fideval.formats.model import dump
 from fideval.formats.records import FILE as RECORDS_FILE
-from fideval.formats.score import CpuCheck, ScoreSummary, SelfCheck, TeacherRef
+from fideval.formats.score import CpuCheck, RunProfile, ScoreSummary, SelfCheck, TeacherRef
 from fideval.fsio import sha256_file, write_json
+from fideval.model import accounting
+from fideval.model.profile import Timeline
 from fideval.progress import progress
 from fideval.score import reference, torch_kernel
 from fideval.score.candidate import Candidate, CandidateShard, teacher_shards
@@ -46,6 +50,7 @@ class ScoreSettings:
     cpu_check_every: int = 1000  # re-score 1 row in N (plus each shard's first and last) in float64 on the CPU
     cpu_check_tolerance: float = 2e-12  # largest relative difference to that reference
     on_nonfinite: str = "fail"  # fail, or skip (drop and count) rows holding NaN/+inf
+    peak_tflops: float | None = None  # the GPU's peak for the utilisation figure (None: by its name)
 
     def __post_init__(self) -> None:
         if self.on_nonfinite not in ("fail", "skip"):
@@ -99,8 +104,10 @@ def _check_rows(every: int, start: int, n: int) -> np.ndarray:
 
 
 class _Run:
-    def __init__(self, teacher: Any, dev: torch.device, kernel: str, settings: ScoreSettings, feed: TeacherFeed | None = None):
+    def __init__(self, teacher: Any, dev: torch.device, kernel: str, settings: ScoreSettings, feed: TeacherFeed | None = None,
+                 timeline: Timeline | None = None):
         self.teacher, self.dev, self.kernel, self.feed = teacher, dev, kernel, feed
+        self.tl = timeline if timeline is not None else Timeline(dev, on=False)
         self.every, self.tolerance = settings.cpu_check_every, settings.cpu_check_tolerance
         self.on_nonfinite = settings.on_nonfinite
         self.rows = self.checked = self.nonfinite = self.seen = 0
@@ -117,12 +124,13 @@ class _Run:
         if cand.ndim != 2 or cand.shape[1] != vocab:
             raise FidevalError(f"candidate {sid}: logits shape {tuple(cand.shape)} does not match the teacher's vocab {vocab}",
                                hint="teacher and candidate must use the same tokenizer and output width")
-        fed = self.feed.get(sid) if self.feed is not None else None
-        if fed is not None:
-            ref_all, tokens = fed  # the whole shard, on the device
-        else:  # memory-mapped: only the rows scored are read, and nothing is copied on the host
-            ref_np, tokens = self.teacher.read(sid)
-            ref_all = mapped_tensor(ref_np)
+        with self.tl.part("read_back"):
+            fed = self.feed.get(sid) if self.feed is not None else None
+            if fed is not None:
+                ref_all, tokens = fed  # the whole shard, on the device
+            else:  # memory-mapped: only the rows scored are read, and nothing is copied on the host
+                ref_np, tokens = self.teacher.read(sid)
+                ref_all = mapped_tensor(ref_np)
         tokens = np.asarray(tokens)
         if cand_tokens is not None:
             ct = np.asarray(cand_tokens)
@@ -144,9 +152,11 @@ class _Run:
         cand_rows = cand[lo - cand_start: hi - cand_start]
         positions = np.arange(lo, hi, dtype=np.int64)
         targets_np = tokens[positions + 1].astype(np.int64)
-        ref_d = ref.to(self.dev).contiguous()
-        cand_d = cand_rows.to(self.dev).contiguous()
-        figs, flags, bad = score_tensors(ref_d, cand_d, torch.from_numpy(targets_np).to(self.dev), self.kernel)
+        with self.tl.part("read_back"):  # memory-mapped rows onto the device (a CPU run reads them while scoring)
+            ref_d = ref.to(self.dev).contiguous()
+            cand_d = cand_rows.to(self.dev).contiguous()
+        with self.tl.part("scoring"):
+            figs, flags, bad = score_tensors(ref_d, cand_d, torch.from_numpy(targets_np).to(self.dev), self.kernel)
         del ref_d, cand_d
         keep = ~bad
         if bad.any():
@@ -158,17 +168,8 @@ class _Run:
         # CPU float64 reference on sampled rows (never on the non-finite ones)
         sel = _check_rows(self.every, self.seen, len(positions))
         sel = sel[keep[sel]]
-        if len(sel):
-            ref_cpu, cand_cpu = (x[torch.from_numpy(sel).to(x.device)].cpu().numpy() if x.device.type != "cpu"
-                                 else x.numpy()[sel] for x in (ref, cand_rows))
-            rf, rfl = reference.score_rows(ref_cpu, cand_cpu, targets_np[sel])
-            d, where = max_rel_diff(figs[sel], flags[sel], rf, rfl)
-            self.checked += len(sel)
-            if d > self.worst:
-                self.worst, self.worst_at = d, f"{where} in shard {sid}"
-            if d > self.tolerance:
-                raise FidevalError(f"CPU check failed: {where} differs from the float64 reference by {d:.3g} (> {self.tolerance:g}) "
-                                   f"in shard {sid}", hint=f"the {self.kernel} kernel is wrong on this device; rerun with --kernel torch")
+        with self.tl.part("cpu_check"):
+            self._cpu_check(sid, sel, ref, cand_rows, targets_np, figs, flags)
         self.seen += len(positions)
         self.rows += int(keep.sum())
         if keep.any():
@@ -178,6 +179,33 @@ class _Run:
         entry = self.teacher.entry(sid)
         return dict(seq_id=sid, window_id=str(entry.get("window_id", window_of(sid))), domain=str(entry.get("domain", "")),
                     length=length, positions=positions[keep], tokens=targets_np[keep], figs=figs[keep], flags=flags[keep])
+
+    def _cpu_check(self, sid: str, sel: np.ndarray, ref: torch.Tensor, cand_rows: torch.Tensor, targets_np: np.ndarray,
+                   figs: np.ndarray, flags: np.ndarray) -> None:
+        """The numpy float64 reference on rows ``sel``; a difference beyond the tolerance fails the run."""
+        if not len(sel):
+            return
+        ref_cpu, cand_cpu = (x[torch.from_numpy(sel).to(x.device)].cpu().numpy() if x.device.type != "cpu"
+                             else x.numpy()[sel] for x in (ref, cand_rows))
+        rf, rfl = reference.score_rows(ref_cpu, cand_cpu, targets_np[sel])
+        d, where = max_rel_diff(figs[sel], flags[sel], rf, rfl)
+        self.checked += len(sel)
+        if d > self.worst:
+            self.worst, self.worst_at = d, f"{where} in shard {sid}"
+        if d > self.tolerance:
+            raise FidevalError(f"CPU check failed: {where} differs from the float64 reference by {d:.3g} (> {self.tolerance:g}) "
+                               f"in shard {sid}", hint=f"the {self.kernel} kernel is wrong on this device; rerun with --kernel torch")
+
+
+def _parts_of(items: Any, tl: Timeline, part: str | None) -> Any:
+    """``items``, each ``next()`` timed as ``part`` of ``tl`` (None: left to the producer's own parts)."""
+    it = iter(items)
+    while True:
+        with tl.part(part) if part else nullcontext():
+            item = next(it, None)
+        if item is None:
+            return
+        yield item
 
 
 def _teacher_block(teacher: Any, store: str | None) -> TeacherRef:
@@ -223,26 +251,45 @@ def score_candidate(teacher: Any, candidate: Candidate, out_dir: str | Path, set
     score.json's ``candidate_info``. When the candidate's ``order`` is known (a store's), on a GPU the
     teacher's shards are streamed in that order (:class:`TeacherFeed`), else each is memory-mapped.
     """
+    t0 = time.perf_counter()
     dev, kernel = pick(settings.device, settings.kernel)
-    checked_self = self_check(teacher, device=str(dev), kernel=kernel) if self_check_first else None
+    tl = candidate.timeline if candidate.timeline is not None else Timeline(dev)
+    tl.start()
+    checked_self = None
+    if self_check_first:
+        with tl.part("self_check"):
+            checked_self = self_check(teacher, device=str(dev), kernel=kernel)
     out_dir = Path(out_dir)
     feed = TeacherFeed(teacher, list(candidate.order), dev) if candidate.order and dev.type == "cuda" else None
-    run = _Run(teacher, dev, kernel, settings, feed)
+    run = _Run(teacher, dev, kernel, settings, feed, tl)
     if total_rows is None:
         total_rows = sum(max(int(teacher.entry(s)["rows"]) - 1, 0) for s in teacher.seq_ids)
+    tokens, model_run = 0, candidate.flops_per_token is not None
     try:
         with RecordsWriter(out_dir) as w, progress(f"score {candidate.name}", total=total_rows, unit="rows") as bar:
-            for item in candidate.shards:
+            # a model run's runner marks its own parts; reading a store's shard is read-back
+            for item in _parts_of(candidate.shards, tl, None if model_run else "read_back"):
+                tokens += item.logits.shape[0] if model_run else 0
                 out = run.shard(item)
                 if out is None:
                     continue
-                w.add_shard(candidate=candidate.name, path=candidate.path, **out)
+                with tl.part("records"):
+                    w.add_shard(candidate=candidate.name, path=candidate.path, **out)
                 bar.advance(len(out["positions"]))
             if candidate.is_teacher:
                 checked_self = _self_result(run, kernel)
+            tl.enter("records")  # leaving the with block writes the records file
+        tl.exit()
     finally:
         if feed is not None:
             feed.close()
+    parts = tl.fold()
+    dtype = (candidate.info or {}).get("run_settings", {}).get("dtype")
+    peak = None
+    if dev.type == "cuda" and model_run:
+        peak = settings.peak_tflops or accounting.peak_tflops(accounting.device_name(dev), dtype)
+    profile = accounting.summary(time.perf_counter() - t0, parts, device=accounting.device_name(dev), tokens=tokens or None,
+                      model_flops=tokens * candidate.flops_per_token if model_run else None, peak=peak)
     try:
         from fideval.provenance import tool_block
 
@@ -256,6 +303,7 @@ def score_candidate(teacher: Any, candidate: Candidate, out_dir: str | Path, set
                            every=settings.cpu_check_every, worst=run.worst_at or None),
         self_check=SelfCheck(**checked_self) if checked_self is not None else None, nonfinite_rows=run.nonfinite,
         on_nonfinite=settings.on_nonfinite, device=torch.cuda.get_device_name(dev) if dev.type == "cuda" else "cpu",
-        kernel=kernel, figures=list(FIGURES), records=RECORDS_FILE, candidate_info=candidate.info, tool=tool))
+        kernel=kernel, figures=list(FIGURES), records=RECORDS_FILE, candidate_info=candidate.info, tool=tool,
+        profile=RunProfile(**profile)))
     write_json(out_dir / "score.json", summary)
     return summary
