@@ -9,11 +9,14 @@ What it does, in one run:
    256 routed experts of 2048 + 1 shared, top-8 in 8 groups, first layer dense 18432), a few layers,
    sharded one file per layer in the Hub's per-expert layout. The vocabulary is cut to 8192 so that the
    float32 lm head does not dominate (the layers are what the figures are about).
-3. Our runner over ~1 M tokens per layer (sequences of 4096, attention per micro-batch of 4, MoE over
-   blocks of 64 k tokens): tokens/s, model FLOP utilisation (analytic FLOPs / wall / bf16 dense peak),
-   MoE FLOP utilisation (routed + shared expert FLOPs / time inside the MoE modules: router, routed and
-   shared experts; the decoder layer's norm and residual add are timed apart / peak), and the share
-   of weight-loading time hidden behind compute (1 - time the compute waited / time the loader worked).
+3. Our runner over ~1 M tokens per layer (sequences of 4096) with the settings the teacher would choose on
+   this GPU (fideval.model.sizing; ``--settings fixed``: attention per micro-batch of 4, MoE over blocks of
+   64 k tokens, as the earlier rows of bench/RESULTS.md): tokens/s, model FLOP utilisation (analytic FLOPs,
+   fideval.model.flops, / wall / the GPU's bf16 dense peak, fideval.model.accounting), MoE FLOP utilisation
+   (routed + shared expert FLOPs / time inside the MoE modules: router, routed and shared experts; the decoder
+   layer's norm and residual add are timed apart / peak), the share of weight-loading time hidden behind compute
+   (1 - time the compute waited / time the loader worked), and the whole run's wall split into the runner's
+   timeline parts (fideval.model.profile), which add up to it; ``other`` (what no part claims) must be <= 5 %.
 4. The same checkpoint through ``AutoModelForCausalLM.from_pretrained(device_map=...)`` with every decoder
    layer offloaded to the CPU (accelerate moves each layer's weights per forward): tokens/s of one forward.
 Prints one table: figure | measured | ceiling or goal.
@@ -34,7 +37,7 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))
 
-BF16_PEAK = 989e12  # H200 SXM dense bf16 tensor-core peak (no sparsity)
+BF16_PEAK = 989e12  # H100/H200 SXM dense bf16 tensor-core peak (no sparsity): when the GPU's name is not known
 
 FULL = dict(hidden=7168, heads=128, q_lora=1536, kv_lora=512, rope=64, nope=128, v=128, experts=256, moe_inter=2048,
             topk=8, groups=8, topk_groups=4, dense_inter=18432, vocab=8192, layers=3, seq=4096, n_seq=256, micro=4,
@@ -122,16 +125,6 @@ def write_checkpoint(folder: Path, s: dict) -> float:
     return total / 1e9
 
 
-def flops_per_token(s: dict, L: int) -> dict:
-    H, nh = s["hidden"], s["heads"]
-    proj = H * s["q_lora"] + s["q_lora"] * nh * (s["nope"] + s["rope"]) + H * (s["kv_lora"] + s["rope"]) + \
-        s["kv_lora"] * nh * (s["nope"] + s["v"]) + nh * s["v"] * H
-    attn = 2 * proj + 2 * nh * (s["nope"] + s["rope"] + s["v"]) * (L + 1) / 2  # causal: (L+1)/2 keys on average
-    moe = 2 * 3 * H * s["moe_inter"] * (s["topk"] + 1) + 2 * H * s["experts"]
-    dense = 2 * 3 * H * s["dense_inter"]
-    return {"attn": attn, "moe": moe, "dense": dense, "head": 2 * H * s["vocab"]}
-
-
 def cuda_checks(device: str) -> dict:
     """Tiny checkpoints on the bench device: fp32 parity with transformers there, and run-twice identity."""
     import tempfile
@@ -159,13 +152,24 @@ def cuda_checks(device: str) -> dict:
     return out
 
 
-def run_ours(folder: Path, s: dict, device: str) -> dict:
+def settings(s: dict, device: str, how: str) -> dict:
+    """RunnerOptions' run settings: the teacher's choice for this device (fideval.model.sizing), or the fixed ones."""
+    from fideval.model import sizing
+
+    if how == "fixed" or device != "cuda":
+        return {"micro_batch": s["micro"], "mlp_tokens": s["mlp_tokens"], "host_budget_bytes": 64 << 30}
+    st = sizing.choose(device, torch.bfloat16, config(s), s["seq"], n_sequences=s["n_seq"])
+    return st.runner_options()
+
+
+def run_ours(folder: Path, s: dict, device: str, how: str = "auto") -> dict:
     from fideval.model.runner import Runner, RunnerOptions
 
     rng = np.random.default_rng(0)
     toks = rng.integers(0, s["vocab"], size=(s["n_seq"], s["seq"])).astype(np.int32)
-    r = Runner(folder, RunnerOptions(device=device, dtype=torch.bfloat16, micro_batch=s["micro"], mlp_tokens=s["mlp_tokens"],
-                                     profile=True, host_budget_bytes=64 << 30, lean_experts=not s.get("hf_experts", False)))
+    chosen = settings(s, device, how)
+    r = Runner(folder, RunnerOptions(device=device, dtype=torch.bfloat16, profile=True, lean_experts=not s.get("hf_experts", False),
+                                     **chosen))
     loads: list = []  # tokens per routed expert in each MoE block: how balanced the grouped GEMMs are
     spans: list = []  # CUDA events around the routed experts alone (the rest of a MoE block: router, shared expert)
     if not s.get("hf_experts", False):
@@ -194,12 +198,14 @@ def run_ours(folder: Path, s: dict, device: str) -> dict:
     check = 0.0
     for k, logits in r.run(toks):
         if k % 64 == 0:
-            check += float(logits[-1, :8].sum())
+            with r.timeline.part("check"):  # the bench's own finiteness probe (a synchronisation on a GPU)
+                check += float(logits[-1, :8].sum())
     if device == "cuda":
         torch.cuda.synchronize()
     wall = time.perf_counter() - t0
     st = r.finish_profile()
     st["wall"] = wall
+    st["settings"] = {k: chosen[k] for k in ("micro_batch", "mlp_tokens", "host_budget_bytes")}
     st["tokens"] = s["n_seq"] * s["seq"]
     st["canary"] = r.canary
     st["peak_gpu_gb"] = torch.cuda.max_memory_allocated() / 1e9 if device == "cuda" else 0.0
@@ -269,13 +275,16 @@ def main() -> None:
     ap.add_argument("--budget-s", type=float, default=560, help="wall-clock budget; the baseline gets what is left")
     ap.add_argument("--hf-experts", action="store_true",
                     help="routed experts through transformers' own grouped_mm forward instead of fideval.model.experts")
+    ap.add_argument("--settings", choices=("auto", "fixed"), default="auto",
+                    help="auto: what fideval teacher would choose on this GPU (fideval.model.sizing); fixed: micro-batch 4, "
+                         "MoE blocks of 65,536, chunk 64 GiB (the earlier RESULTS rows)")
     a = ap.parse_args()
     if a.baseline_only:
         print(json.dumps(run_baseline(Path(a.dir), FULL)))
         return
     if a.ours_only:
         n_layers = json.loads((Path(a.dir) / "config.json").read_text())["num_hidden_layers"]
-        print(json.dumps(run_ours(Path(a.dir), {**FULL, "layers": n_layers, "hf_experts": a.hf_experts}, "cuda"),
+        print(json.dumps(run_ours(Path(a.dir), {**FULL, "layers": n_layers, "hf_experts": a.hf_experts}, "cuda", a.settings),
                          default=str))
         return
     s = SMALL if a.small else FULL
@@ -307,24 +316,31 @@ def main() -> None:
         import subprocess
 
         probe_attention()
-        res = subprocess.run([sys.executable, __file__, "--ours-only", "--dir", a.dir] + (["--hf-experts"] if a.hf_experts else []),
-                             capture_output=True, text=True)
+        res = subprocess.run([sys.executable, __file__, "--ours-only", "--dir", a.dir, "--settings", a.settings]
+                             + (["--hf-experts"] if a.hf_experts else []), capture_output=True, text=True)
         if res.returncode != 0:
             raise SystemExit(f"our run failed: {res.stderr[-3000:]}")
         st = json.loads(res.stdout.strip().splitlines()[-1])
     else:
-        st = run_ours(Path(a.dir), s, device)
+        st = run_ours(Path(a.dir), s, device, a.settings)
     attn_each = st.pop("attn_s_each", [])  # one per micro-batch and layer: summarised, not printed whole
     print(json.dumps({k: v for k, v in st.items() if k != "canary"}, default=str), flush=True)
-    f = flops_per_token(s, s["seq"])
+    from fideval.model import accounting
+    from fideval.model.flops import flops_per_token
+
+    name = torch.cuda.get_device_name() if device == "cuda" else "cpu"
+    peak = (accounting.peak_tflops(name, "bfloat16") or BF16_PEAK / 1e12) * 1e12
+    f = flops_per_token(config(s), s["seq"])  # per token, summed over the layers
     T, n_moe = st["tokens"], s["layers"] - 1
-    total_flops = T * (s["layers"] * f["attn"] + f["dense"] + n_moe * f["moe"] + f["head"])
+    total_flops = T * f["total"]
     tps = T / st["wall"]
-    moe_util = T * n_moe * f["moe"] / max(st.get("moe_s", 0.0), 1e-9) / BF16_PEAK
+    moe_util = T * f["moe"] / max(st.get("moe_s", 0.0), 1e-9) / peak
     # the decoder layer's norm + residual around its MLP are timed apart (norm_s, dense layer included): earlier
     # runs counted them inside the MoE blocks; the dense layer's share is taken out by its token fraction
     norm_moe = st.get("norm_s", 0.0) * n_moe / s["layers"]
-    moe_util_norm = T * n_moe * f["moe"] / max(st.get("moe_s", 0.0) + norm_moe, 1e-9) / BF16_PEAK
+    moe_util_norm = T * f["moe"] / max(st.get("moe_s", 0.0) + norm_moe, 1e-9) / peak
+    prof = accounting.summary(st["wall"], st.get("parts", {}), device=name, tokens=T, model_flops=total_flops,
+                              peak=peak / 1e12 if device == "cuda" else None)
     hidden = 1 - st["wait_s"] / max(st["load_s"], 1e-9)
     first = st["unit_load_s"][0] + st["unit_load_s"][1]  # embedding + layer 0: nothing runs before them
     steady = 1 - (st["wait_s"] - st["unit_wait_s"][0] - st["unit_wait_s"][1]) / max(st["load_s"] - first, 1e-9)
@@ -332,10 +348,16 @@ def main() -> None:
         ("checkpoint", f"{gb:.1f} GB bf16, {s['layers']} layers (1 dense + {n_moe} MoE), {s['experts']} experts x {s['moe_inter']}, "
                        f"hidden {s['hidden']}", "DeepSeek-V3 layer sizes"),
         ("ours: tokens/s (bf16, whole run incl. loads)", f"{tps:,.0f}", f"{T:,} tokens/layer"),
-        ("ours: model FLOP utilisation", f"{total_flops / st['wall'] / BF16_PEAK:.1%}", "of 989 TFLOP/s bf16"),
+        ("ours: settings (micro-batch / MLP tokens / chunk)", f"{st['settings']['micro_batch']} / {st['settings']['mlp_tokens']} / "
+         f"{(st['settings']['host_budget_bytes'] or 4 << 30) / 2**30:.1f} GiB",
+         f"--settings {a.settings if device == 'cuda' else 'fixed (CPU)'}"),
+        ("ours: model FLOP utilisation", f"{total_flops / st['wall'] / peak:.1%}", f"of {peak / 1e12:g} TFLOP/s bf16"),
+        ("ours: whole-run accounting (parts of the wall, fideval.model.profile)",
+         ", ".join(f"{k} {v:.2f} s" for k, v in prof["parts"].items()), f"sum = wall {st['wall']:.2f} s"),
+        ("ours: what no part claims (other)", f"{prof['other_fraction']:.1%} of the wall", "<= 5 %"),
         ("ours: MoE FLOP utilisation (inside MoE blocks)", f"{moe_util:.1%} (routed experts: "
          f"{'transformers grouped_mm' if a.hf_experts else 'fideval.model.experts'}; {moe_util_norm:.1%} with the "
-         f"layers' post-attention norms and residual adds counted as MoE time too)", ">= 40 % of 989 TFLOP/s"),
+         f"layers' post-attention norms and residual adds counted as MoE time too)", f">= 40 % of {peak / 1e12:g} TFLOP/s"),
         ("ours: attention time / MoE time / dense MLP time",
          f"{st.get('attn_s', 0):.1f} / {st.get('moe_s', 0):.1f} / {st.get('mlp_s', 0):.1f} s", ""),
         ("ours: routed experts alone (part of MoE time) / norms + residual adds (outside it)",
@@ -351,7 +373,6 @@ def main() -> None:
                                                        f"(largest layer {st['ledger_largest_gb']:.1f} GB)", "<= 2.5 layers"),
         ("ours: canary identical", str(bool(st["canary"] and st["canary"]["identical"])), "True"),
     ]
-    name = torch.cuda.get_device_name() if device == "cuda" else "cpu"
     print_table(rows, f"bench/runner.py on {name} (ours done at {time.perf_counter() - t_all:.0f} s)")
     if device == "cuda" and not a.skip_baseline:
         import subprocess
