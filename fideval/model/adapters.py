@@ -58,9 +58,34 @@ def expert_range(rank: int, world: int, n_experts: int) -> tuple[int, int]:
     return rank * per, (rank + 1) * per
 
 
+def check_model_config(cfg: dict, where) -> str:
+    """The architecture of config.json ``cfg`` if the runner can run it; else the one-line error
+    :meth:`Adapter.load` raises (``where`` names the file). ``fideval validate`` calls this too."""
+    archs = cfg.get("architectures") or []
+    arch = archs[0] if archs else None
+    if arch not in ARCHS:
+        raise FidevalError(f"{where}: architecture {arch!r} is not supported", hint="supported: " + ", ".join(sorted(ARCHS)))
+    if cfg.get("quantization_config"):
+        raise FidevalError(f"{where}: the teacher must be an unquantized checkpoint "
+                           f"(found quantization_config {cfg['quantization_config'].get('quant_method', '?')!r})",
+                           hint="convert it to bf16/fp32 safetensors first")
+    return arch
+
+
+def model_config(config_dir, where):
+    """transformers' config object for the config.json in ``config_dir`` (a real build: the reference's)."""
+    from transformers import AutoConfig
+
+    try:
+        return AutoConfig.from_pretrained(str(config_dir))
+    except Exception as e:  # transformers raises many types for a bad config
+        raise FidevalError(f"{where}: transformers cannot build the config ({type(e).__name__}: {str(e)[:120]})",
+                           hint="check config.json") from None
+
+
 @dataclass
 class Adapter:
-    ckpt: WeightSource
+    ckpt: WeightSource | None
     arch: str
     config: object
     modeling: types.ModuleType
@@ -71,24 +96,16 @@ class Adapter:
     # -- construction ------------------------------------------------------------------------------
     @classmethod
     def load(cls, ckpt: WeightSource, attn_implementation: str | None = None) -> Adapter:
-        cfg = ckpt.config_dict
-        archs = cfg.get("architectures") or []
-        arch = archs[0] if archs else None
-        if arch not in ARCHS:
-            raise FidevalError(f"{ckpt.dir / 'config.json'}: architecture {arch!r} is not supported",
-                               hint="supported: " + ", ".join(sorted(ARCHS)))
-        if cfg.get("quantization_config"):
-            raise FidevalError(f"{ckpt.dir / 'config.json'}: the teacher must be an unquantized checkpoint "
-                               f"(found quantization_config {cfg['quantization_config'].get('quant_method', '?')!r})",
-                               hint="convert it to bf16/fp32 safetensors first")
-        from transformers import AutoConfig
+        return cls.from_config(ckpt.config_dict, ckpt.config_dir, ckpt.dir / "config.json", ckpt, attn_implementation)
 
+    @classmethod
+    def from_config(cls, cfg: dict, config_dir, where, ckpt: WeightSource | None = None,
+                    attn_implementation: str | None = None) -> Adapter:
+        """The adapter for config.json ``cfg`` (read from ``config_dir``; ``where`` is what errors name).
+        Without ``ckpt`` it still builds meta layers (``fideval validate`` probes a model from config.json alone)."""
+        arch = check_model_config(cfg, where)
         package, prefix, sliding = ARCHS[arch]
-        try:
-            config = AutoConfig.from_pretrained(str(ckpt.config_dir))  # a real build: the reference's
-        except Exception as e:  # transformers raises many types for a bad config
-            raise FidevalError(f"{ckpt.dir / 'config.json'}: transformers cannot build the config ({type(e).__name__}: {str(e)[:120]})",
-                               hint="check config.json") from None
+        config = model_config(config_dir, where)
         modeling = importlib.import_module(f"transformers.models.{package}.modeling_{package}")
         model_cls = getattr(modeling, arch)
         if attn_implementation is None:
