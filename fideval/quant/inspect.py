@@ -23,6 +23,11 @@ def class_shapes(model_dir: Path) -> dict[str | None, dict[str, tuple[int, ...]]
     return by_class
 
 
+def classes_present(by_class: dict) -> set[str]:
+    """The module classes a checkpoint has, from :func:`class_shapes`: those a candidate's spec may name."""
+    return {c for c in by_class if c is not None}
+
+
 def inspect_model(model_dir: Path, spec_text: str) -> dict:
     """The per-class bits table of ``spec_text`` applied to the checkpoint in ``model_dir``."""
     from fideval.formats.safetensors import DTYPE_BITS, FLOAT_DTYPES, folder_shapes
