@@ -363,3 +363,19 @@ def test_hub_model_found_through_HF_HUB_CACHE_or_noted_when_absent(models, tmp_p
     absent = validate(config(tmp_path, "hf://test/absent"), env=env, fresh_process=True)
     assert absent.code == 0, absent.stderr
     assert "note: model hf://test/absent@main is not in the local Hub cache" in absent.stderr
+
+
+def test_windows_stage_loads_the_tokenizer_validate_checked(tmp_path, monkeypatch):
+    """A hf:// model's tokenizer: the windows stage fetches its tokenizer files (offline: from the cache) into
+    the snapshot validate found, not the local path 'hf:/org/name' it once looked for."""
+    import huggingface_hub.constants
+
+    from fideval.config import load_config
+    from fideval.model_source import cached, tokenizer_folder
+
+    _in_cache(monkeypatch, deepseek_cache(tmp_path))
+    monkeypatch.setattr(huggingface_hub.constants, "HF_HUB_OFFLINE", True)
+    cfg = load_config(ROOT / "configs" / "deepseek-v3-mxfp4.yaml")
+    snapshot = tmp_path / "hub" / "models--deepseek-ai--DeepSeek-V3" / "snapshots" / HEX40
+    assert cached(cfg.model.path, cfg.model.revision).folder == snapshot
+    assert tokenizer_folder(cfg.model) == snapshot and (snapshot / "tokenizer.json").is_file()
