@@ -70,7 +70,8 @@ def detect(cfg: dict, where: Path) -> Release | None:
     if method != "fp8":
         raise FidevalError(f"{where}: quantization_config.quant_method {method!r} cannot be read as released weights "
                            "(only 'fp8' block-scaled releases can)",
-                           hint="convert it to bf16 safetensors, or score it as a candidate's checkpoint against its reference")
+                           hint="a teacher or reference must be unquantized or an FP8 release; score other builds as a "
+                                "candidate's checkpoint: against the unquantized reference")
     checks = (("fmt", "e4m3", ("e4m3",)), ("activation_scheme", "dynamic", ("dynamic",)),
               ("scale_fmt", None, (None, "float", "ue8m0")))
     for key, default, allowed in checks:
