@@ -147,7 +147,7 @@ def test_config_transformers_cannot_build(models, tmp_path):
 
 def test_quantized_reference_is_refused_as_the_teacher_refuses_it(models, tmp_path):
     m = _model_with_config(models, tmp_path, quantization_config={"quant_method": "awq"})
-    refused(config(tmp_path, m), "model.path", "the teacher must be an unquantized checkpoint (found quantization_config 'awq')")
+    refused(config(tmp_path, m), "model.path", "quantization_config.quant_method 'awq' cannot be read as released weights")
 
 
 # -- 4. real builds: the classes that decode them ---------------------------------------------------------------
@@ -300,8 +300,6 @@ def _in_cache(monkeypatch, cache: Path) -> None:
 DEEPSEEK_STORES = "teacher stores: 2 x 1,048,576 rows x 129,280 x 4 B = 1.08 TB"  # 8 domains x 16 windows x 8,192
 
 
-@pytest.mark.xfail(strict=True, reason="the teacher adapter refuses DeepSeek-V3's FP8 quantization_config until FP8-release "
-                   "support (another branch) lands in fideval.model.adapters.check_model_config")
 def test_deepseek_v3_config_validates_with_its_model_in_the_hub_cache(tmp_path, monkeypatch):
     _in_cache(monkeypatch, deepseek_cache(tmp_path))
     _free(monkeypatch, 10**13)
@@ -330,23 +328,6 @@ def test_deepseek_v3_bf16_config_validates_in_seconds(tmp_path, monkeypatch):
     assert listed == ["teacher.model_parallel", "candidates.mxfp4-experts.quant.lm_head.group", "teacher.lengths"], r.stderr
     assert "does not divide the 256 routed experts" in r.stderr and "need 1.08 TB more" in r.stderr
 
-
-def test_deepseek_v3_fp8_release_is_refused_by_name_today(tmp_path, monkeypatch):
-    """Until FP8 teachers land, the FP8 release is refused as the teacher stage would refuse it."""
-    from fideval.errors import FidevalError
-    from fideval.model.adapters import check_model_config
-
-    try:
-        check_model_config(DEEPSEEK_V3, "config.json")
-    except FidevalError as e:
-        expected = e.message
-    else:
-        pytest.skip("the adapter accepts FP8 releases: the xfail test above now passes")
-    _in_cache(monkeypatch, deepseek_cache(tmp_path))
-    _free(monkeypatch, 10**13)
-    cfg = ROOT / "configs" / "deepseek-v3-mxfp4.yaml"
-    line = run_fideval("validate", cfg, cwd=tmp_path).error()
-    assert line.startswith(f"fideval: error: {cfg}: 'model.path': ") and expected.removeprefix("config.json") in line
 
 
 def test_hub_model_found_through_HF_HUB_CACHE_or_noted_when_absent(models, tmp_path):

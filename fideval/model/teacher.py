@@ -101,7 +101,7 @@ def run_teacher(model_dir, windows_dir, out, *, kinds=KINDS, device="auto", dtyp
                         "device": dev.type, "model_parallel": world, "micro_batch": micro_batch,
                         # CPU float sums change order with the thread count: part of what makes logits reproducible
                         "torch_threads": torch.get_num_threads() if dev.type == "cpu" else None,
-                        "lm_head": "float32"}}
+                        "lm_head": "float32", "weights": runner.weights_description}}
     writer = StoreWriter(out, meta) if rank == 0 else None
     seqs = [read_sequences(f).select_domains(domains) for f in folders]
     if domains and not any(len(s.ids) for s in seqs):

@@ -129,7 +129,7 @@ def from_config(cfg: Any, name: str, path: str, teacher: Any, device: str) -> Ca
 
 def _emulated(cand: Any, path: str, files: Any) -> tuple[dict[str, Any], dict[str, Any]]:
     """The runner's hooks and score.json's info for the reference checkpoint with ``cand``'s quant spec."""
-    from fideval.quant.inspect import class_shapes, classes_present
+    from fideval.quant.inspect import class_shapes, classes_present, release_bits
     from fideval.quant.spec import check_spec_classes, compile_spec
 
     quant = cand.quant.model_dump(exclude_none=True)
@@ -137,7 +137,7 @@ def _emulated(cand: Any, path: str, files: Any) -> tuple[dict[str, Any], dict[st
     by_class = class_shapes(files.folder)
     check_spec_classes(quant, classes_present(by_class))
     hooks = {"weight_transform": spec.weight_transform, "act_transform": spec.act_transform if path == "serving" else None}
-    return hooks, {"source": "emulated", "quant": quant, "bits_per_weight": spec.bits(by_class)}
+    return hooks, {"source": "emulated", "quant": quant, "bits_per_weight": spec.bits(by_class, stored=release_bits(files.folder))}
 
 
 def checkpoint_hooks(ckpt: Any, path: str) -> dict:
