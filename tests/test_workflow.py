@@ -2,6 +2,7 @@
 
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -69,3 +70,43 @@ def test_rules_pass_the_files_they_declare():
     assert given["--windows"] == ["results/demo/windows/eval-windows.json"]
     assert len(given["--records"]) == 2 * 2 * 6 and len(given["--self-check"]) == 2 * 6
     assert all(f.endswith("/records.parquet") for f in given["--records"] + given["--self-check"])
+
+
+BAD_CONFIG = """run: bad
+model: {path: demo://model, id: fideval/demo-deepseek-v3-tiny}
+domains:
+  - name: code
+    source: {type: local, path: demo://corpus/code.jsonl, text_field: text}
+windows: {window_tokens: 256, cut_tokens: 128, windows_per_domain: 2}
+teacher: {device: cpu}
+candidates:
+  - name: mxfp4-experts
+    quant: {routed_experts: {format: mxfp5}}
+"""
+
+
+def test_a_bad_config_stops_the_run_before_any_job(tmp_path):
+    """onstart runs `fideval validate` once the DAG is built and before the first job: a config the candidate
+    stage would refuse stops the run in seconds with validate's one line, and nothing is run or written.
+    A dry run stays a dry run (snakemake skips onstart there), so `snakemake -n` costs no validation."""
+    from fideval.errors import FidevalError
+    from fideval.quant.base import get_format
+
+    try:
+        get_format("mxfp5")
+    except FidevalError as e:
+        expected = f"fideval: error: {tmp_path / 'bad.yaml'}: 'candidates.mxfp4-experts.quant.routed_experts.format': {e.line()}"
+    cfg = tmp_path / "bad.yaml"
+    cfg.write_text(BAD_CONFIG)
+    run = ("--snakefile", str(ROOT / "Snakefile"), "--directory", str(tmp_path), "--configfile", str(cfg), "--cores", "1")
+    t0 = time.monotonic()
+    r = snakemake(*run)
+    took = time.monotonic() - t0
+    out = (r.stdout + r.stderr).splitlines()
+    assert r.returncode != 0, out[-20:]
+    assert [ln for ln in out if ln.startswith("fideval: error:")] == [expected], out[-20:]
+    assert took < 60, f"{took:.0f} s"
+    assert not any((tmp_path / d).exists() for d in ("results", "logs", "benchmarks", "reports"))
+    assert not any((tmp_path / ".snakemake" / "metadata").iterdir())  # no job started
+    dry = snakemake("-n", *run)
+    assert dry.returncode == 0 and "fideval: error:" not in dry.stdout + dry.stderr, dry.stderr[-2000:]

@@ -7,20 +7,29 @@ import typer
 
 from fideval.commands import options
 from fideval.errors import FidevalError
+from fideval.validate import Problem
 
 
 def validate(config: Annotated[Path, typer.Argument(help="YAML config to check")]) -> None:
-    """Check a config: unknown keys, bad values, impossible lengths, missing files."""
-    from fideval.config import check_files, load_config
+    """Check a config before a long run: unknown keys, bad values, missing files, and what the stages would
+    refuse later (quant specs, module classes, architecture, real builds, tokenizer, model parallel, disk)."""
+    from fideval.config import load_config
+    from fideval.validate import check_config
 
     cfg = load_config(config)
-    problems = check_files(cfg)
+    found = check_config(cfg)
+    for note in found.notes:
+        typer.echo(f"{config}: note: {note}", err=True)
+    for fact in found.facts:
+        typer.echo(f"{config}: {fact}")
+    problems = found.problems
     if len(problems) == 1:
-        raise FidevalError(f"{config}: {problems[0]}", hint="fix the path or create the file")
+        p = problems[0]
+        raise FidevalError(f"{config}: {Problem(p.key, p.message).line()}", hint=p.hint)
     if problems:
-        for line in problems:
-            typer.echo(f"{config}: {line}", err=True)
-        raise FidevalError(f"{config}: {len(problems)} problems (listed above)", hint="fix the paths or create the files")
+        for p in problems:
+            typer.echo(f"{config}: {p.line()}", err=True)
+        raise FidevalError(f"{config}: {len(problems)} problems (listed above)", hint="fix each key named above")
     typer.echo(f"{config}: ok (run '{cfg.run}', {len(cfg.domains)} domains, {len(cfg.candidates)} candidates)")
 
 

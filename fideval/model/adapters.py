@@ -12,6 +12,11 @@ what the full model's ``forward`` and ``from_pretrained`` would otherwise do for
   layout is ``block_sparse_moe.experts.<e>.w1/w3/w2``). gpt-oss is stored fused. We accept all three.
 * the model-level forward: position ids ``arange(L)``, one rotary module for all layers, the causal (or
   sliding-window, per ``config.layer_types``) mask from transformers' own mask utilities.
+* FP8 releases (:mod:`fideval.model.fp8_release`): fp8 weights and their block scales are read as stored
+  (per-expert ones stacked into the fused layout, scales alongside), moved to the device as
+  :class:`~fideval.model.fp8_release.Packed` and dequantized there in :meth:`Adapter.materialize`.
+* config aliases: ``model_type`` names transformers does not know for an architecture it has (Kimi-K2's
+  ``kimi_k2`` is DeepSeek-V3) get that architecture's config class built from the dict.
 * a model-parallel rank keeps only experts [r*E/N, (r+1)*E/N) and passes the others to transformers'
   own expert-parallel sentinel (index == num_local_experts), which both its eager and grouped_mm
   expert paths skip.
@@ -29,6 +34,7 @@ from dataclasses import dataclass
 import torch
 
 from fideval.errors import FidevalError
+from fideval.model import fp8_release
 from fideval.model.checkpoint import WeightSource
 from fideval.model.module_classes import quantized_class
 
@@ -42,6 +48,9 @@ ARCHS: dict[str, tuple[str, str, bool]] = {
     "DeepseekV3ForCausalLM": ("deepseek_v3", "DeepseekV3", False),
     "GptOssForCausalLM": ("gpt_oss", "GptOss", False),
 }
+
+# model_type transformers does not know -> the one whose config class builds it (same architectures[0])
+CONFIG_ALIASES = {"kimi_k2": "deepseek_v3"}
 
 _PER_EXPERT = {  # fused target -> on-disk per-expert names (HF layout, then Mixtral's)
     "gate_up_proj": (("gate_proj", "up_proj"), ("w1", "w3")),
@@ -58,37 +67,70 @@ def expert_range(rank: int, world: int, n_experts: int) -> tuple[int, int]:
     return rank * per, (rank + 1) * per
 
 
+def check_model_config(cfg: dict, where) -> str:
+    """The architecture of config.json ``cfg`` if the runner can run it; else the one-line error
+    :meth:`Adapter.load` raises (``where`` names the file). ``fideval validate`` calls this too. A
+    ``quantization_config`` must be an FP8 release's (:func:`fideval.model.fp8_release.detect`)."""
+    archs = cfg.get("architectures") or []
+    arch = archs[0] if archs else None
+    if arch not in ARCHS:
+        raise FidevalError(f"{where}: architecture {arch!r} is not supported", hint="supported: " + ", ".join(sorted(ARCHS)))
+    fp8_release.detect(cfg, where)
+    return arch
+
+
+def model_config(cfg: dict, config_dir, where):
+    """transformers' config for config.json ``cfg`` read from ``config_dir`` (a real build's is its reference's):
+    AutoConfig on the folder, or for an aliased ``model_type`` (:data:`CONFIG_ALIASES`) that architecture's config
+    class on the dict, never the folder's remote code. ``quantization_config`` is dropped: fp8 weights are
+    dequantized as they are read (fideval.model.fp8_release)."""
+    from transformers import AutoConfig
+
+    try:
+        alias = CONFIG_ALIASES.get(cfg.get("model_type"))
+        if alias is not None:
+            from transformers import CONFIG_MAPPING
+
+            drop = ("model_type", "auto_map", "quantization_config")
+            config = CONFIG_MAPPING[alias].from_dict({k: v for k, v in cfg.items() if k not in drop})
+            config._name_or_path = str(config_dir)  # as from_pretrained sets it
+        else:
+            config = AutoConfig.from_pretrained(str(config_dir))
+    except Exception as e:  # transformers raises many types for a bad config
+        raise FidevalError(f"{where}: transformers cannot build the config ({type(e).__name__}: {str(e)[:120]})",
+                           hint="check config.json") from None
+    if getattr(config, "quantization_config", None) is not None:
+        del config.quantization_config
+    return config
+
+
 @dataclass
 class Adapter:
-    ckpt: WeightSource
+    ckpt: WeightSource | None
     arch: str
     config: object
     modeling: types.ModuleType
     prefix: str
     sliding_if_set: bool
     keep_fp32: tuple[str, ...]
+    release: fp8_release.Release | None = None
 
     # -- construction ------------------------------------------------------------------------------
     @classmethod
     def load(cls, ckpt: WeightSource, attn_implementation: str | None = None) -> Adapter:
-        cfg = ckpt.config_dict
-        archs = cfg.get("architectures") or []
-        arch = archs[0] if archs else None
-        if arch not in ARCHS:
-            raise FidevalError(f"{ckpt.dir / 'config.json'}: architecture {arch!r} is not supported",
-                               hint="supported: " + ", ".join(sorted(ARCHS)))
-        if cfg.get("quantization_config"):
-            raise FidevalError(f"{ckpt.dir / 'config.json'}: the teacher must be an unquantized checkpoint "
-                               f"(found quantization_config {cfg['quantization_config'].get('quant_method', '?')!r})",
-                               hint="convert it to bf16/fp32 safetensors first")
-        from transformers import AutoConfig
+        return cls.from_config(ckpt.config_dict, ckpt.config_dir, ckpt.dir / "config.json", ckpt, attn_implementation)
 
+    @classmethod
+    def from_config(cls, cfg: dict, config_dir, where, ckpt: WeightSource | None = None,
+                    attn_implementation: str | None = None) -> Adapter:
+        """The adapter for config.json ``cfg`` (read from ``config_dir``; ``where`` is what errors name).
+        Without ``ckpt`` it still builds meta layers (``fideval validate`` probes a model from config.json alone)."""
+        arch = check_model_config(cfg, where)
+        release = getattr(ckpt, "release", None)  # an FP8 release's format, or None: reads give floats
+        if release is not None:
+            fp8_release.check(ckpt, release)  # before any compute
         package, prefix, sliding = ARCHS[arch]
-        try:
-            config = AutoConfig.from_pretrained(str(ckpt.config_dir))  # a real build: the reference's
-        except Exception as e:  # transformers raises many types for a bad config
-            raise FidevalError(f"{ckpt.dir / 'config.json'}: transformers cannot build the config ({type(e).__name__}: {str(e)[:120]})",
-                               hint="check config.json") from None
+        config = model_config(cfg, config_dir, where)
         modeling = importlib.import_module(f"transformers.models.{package}.modeling_{package}")
         model_cls = getattr(modeling, arch)
         if attn_implementation is None:
@@ -98,7 +140,7 @@ class Adapter:
             config._experts_implementation = "grouped_mm"
         keep = tuple(getattr(model_cls, "_keep_in_fp32_modules", None) or ()) + \
             tuple(getattr(model_cls, "_keep_in_fp32_modules_strict", None) or ())
-        return cls(ckpt, arch, config, modeling, prefix, sliding, keep)
+        return cls(ckpt, arch, config, modeling, prefix, sliding, keep, release)
 
     def cls(self, suffix: str):
         return getattr(self.modeling, self.prefix + suffix)
@@ -178,7 +220,7 @@ class Adapter:
         expected = dict(layer.state_dict(keep_vars=True))
         out: dict[str, torch.Tensor] = {}
 
-        def to_dev(t: torch.Tensor) -> torch.Tensor:
+        def to_dev(t):
             if torch.device(device).type == "cpu":
                 return t
             with torch.cuda.stream(side_stream) if side_stream is not None else _null():
@@ -195,7 +237,7 @@ class Adapter:
                     if not info.shape or info.shape[0] != n_exp:
                         raise FidevalError(f"{self.ckpt.dir}: tensor {key!r} has shape {list(info.shape)}, "
                                            f"expected {n_exp} experts along dim 0", hint="the checkpoint does not match config.json")
-                    out[name] = to_dev(self.ckpt.read(key, rows=(lo, hi), pin=pin))
+                    out[name] = to_dev(self.read(key, rows=(lo, hi), pin=pin))
                     continue
                 if m.group(2):
                     raise FidevalError(f"{self.ckpt.dir}: tensor {key!r} is missing from the checkpoint", hint="re-download it")
@@ -203,11 +245,24 @@ class Adapter:
                 continue
             if key not in self.ckpt and not expected[name].is_floating_point():
                 continue
-            out[name] = to_dev(self.ckpt.read(key, pin=pin))
+            out[name] = to_dev(self.read(key, pin=pin))
         return out
 
-    def _stack_experts(self, i: int, fused: str, lo: int, hi: int, pin: bool) -> torch.Tensor:
-        """Read per-expert tensors straight into one fused [hi-lo, rows, cols] buffer (no second copy)."""
+    def read(self, key: str, rows: tuple[int, int] | None = None, pin: bool = False):
+        """One tensor as stored: an FP8 release's fp8 weight comes with its scales (:class:`fp8_release.Packed`)."""
+        if self.release is not None and self.ckpt.info(key).dtype == fp8_release.FP8:
+            return fp8_release.read_packed(self.ckpt, key, self.release, rows, pin)
+        return self.ckpt.read(key, rows=rows, pin=pin)
+
+    def cast(self, t, dtype: torch.dtype) -> torch.Tensor:
+        """``t`` in ``dtype``: fp8 dequantized (one rounding from the float32 product), floats converted."""
+        if isinstance(t, fp8_release.Packed):
+            return t.dequantize(self.release, dtype)
+        return t.to(dtype) if t.is_floating_point() and t.dtype != dtype else t
+
+    def _stack_experts(self, i: int, fused: str, lo: int, hi: int, pin: bool):
+        """Read per-expert tensors straight into one fused [hi-lo, rows, cols] buffer (no second copy); fp8
+        experts' scales likewise into [hi-lo, scale rows of each part, scale cols] (a :class:`fp8_release.Packed`)."""
         for parts in _PER_EXPERT[fused]:
             keys = [[self._disk_key(i, f"mlp.experts.{e}.{p}.weight") for p in parts] for e in range(lo, hi)]
             if keys and keys[0][0] in self.ckpt:
@@ -221,11 +276,20 @@ class Adapter:
             raise FidevalError(f"{self.ckpt.dir}: layer {i} expert tensors {keys[0]} have mismatched shapes or dtypes",
                                hint="the checkpoint is corrupt or does not match config.json")
         rows = sum(f.shape[0] for f in first)
-        buf = torch.empty((hi - lo, rows, first[0].shape[1]), dtype=first[0].dtype, pin_memory=pin and torch.cuda.is_available())
+        pinned = pin and torch.cuda.is_available()
+        buf = torch.empty((hi - lo, rows, first[0].shape[1]), dtype=first[0].dtype, pin_memory=pinned)
+        packed = self.release is not None and first[0].dtype == fp8_release.FP8
+        if packed:
+            srows = [self.release.scale_shape(f.shape)[0] for f in first]
+            sbuf = torch.empty((hi - lo, sum(srows), self.release.scale_shape(first[0].shape)[1]), dtype=torch.float32,
+                               pin_memory=pinned)
         jobs = []
         for j, ks in enumerate(keys):
-            off = 0
-            for k, f in zip(ks, first):
+            off = soff = 0
+            for p, (k, f) in enumerate(zip(ks, first)):
+                if packed:
+                    jobs.append((k + fp8_release.SUFFIX, sbuf[j, soff:soff + srows[p]]))
+                    soff += srows[p]
                 info = self.ckpt.info(k)
                 if info.shape != f.shape or info.dtype != f.dtype:
                     raise FidevalError(f"{self.ckpt.dir}: tensor {k!r} has shape {list(info.shape)} ({info.dtype}), "
@@ -237,12 +301,13 @@ class Adapter:
 
         for fut in [_pool().submit(self.ckpt.read, k, out=dst) for k, dst in jobs]:
             fut.result()  # re-raises a FidevalError from any read
-        return buf
+        return fp8_release.Packed(buf, sbuf, tuple(f.shape[0] for f in first)) if packed else buf
 
     def materialize(self, i: int, layer: torch.nn.Module, tensors: dict[str, torch.Tensor], dtype: torch.dtype,
                     experts: tuple[int, int] | None,
                     weight_transform: Callable | None) -> torch.nn.Module:
-        """Check shapes, cast, apply ``weight_transform`` once, and fill the meta layer (assign=True)."""
+        """Check shapes, cast (dequantize fp8 on its device), apply ``weight_transform`` once, and fill the meta
+        layer (assign=True)."""
         n_exp = self.n_routed_experts(layer)
         if n_exp and experts is not None and experts != (0, n_exp):
             self._shrink_experts(layer.mlp.experts, *experts)
@@ -257,8 +322,7 @@ class Adapter:
                 raise FidevalError(f"{self.ckpt.dir}: tensor 'model.layers.{i}.{name}' has shape {list(t.shape)}, "
                                    f"config.json implies {list(want.shape)}", hint="the checkpoint does not match config.json")
             target = torch.float32 if any(k in name for k in self.keep_fp32) else dtype
-            if t.is_floating_point() and t.dtype != target:
-                t = t.to(target)
+            t = self.cast(t, target)
             cls_ = quantized_class(f"model.layers.{i}.{name}", t.shape, t.is_floating_point())
             if weight_transform is not None and cls_ is not None:
                 t = self.transform(weight_transform, cls_, f"model.layers.{i}.{name}", t, layer)

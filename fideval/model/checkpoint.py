@@ -11,6 +11,7 @@ A bad header, a tensor past the end of its file, or a key missing from the index
 
 from __future__ import annotations
 
+import functools
 import json
 import os
 import threading
@@ -76,7 +77,10 @@ class WeightSource(Protocol):
     this module's :class:`Checkpoint` (the teacher and emulated candidates) or a real quantized build
     (:class:`~fideval.model.quantized.QuantizedCheckpoint`, :class:`~fideval.model.quantized.GGUFCheckpoint`),
     which decodes its tensors to floats on read. ``config_dict`` is the reference's config.json, read from
-    ``config_dir``; ``dir`` is what error messages name."""
+    ``config_dir``; ``dir`` is what error messages name. An optional ``release`` attribute says how ``read``'s
+    tensors are stored: a :class:`~fideval.model.fp8_release.Release` when they are an FP8 release's fp8
+    weights and ``_scale_inv`` scales (the runner dequantizes them on its device), None or absent when they
+    are floats."""
 
     dir: Path
     config_dir: Path
@@ -152,6 +156,14 @@ class Checkpoint:
         else:
             raise FidevalError(f"{self.dir} has neither {SINGLE} nor {INDEX}",
                                hint="only safetensors checkpoints are read (never .bin/.pt)")
+
+    @functools.cached_property
+    def release(self):
+        """The FP8 release format ``config.json`` declares (:func:`fideval.model.fp8_release.detect`), None for
+        an unquantized checkpoint; a quantization this reader cannot take is a one-line error here."""
+        from fideval.model.fp8_release import detect
+
+        return detect(self.config_dict, self.dir / "config.json")
 
     def __contains__(self, key: str) -> bool:
         return key in self.tensors

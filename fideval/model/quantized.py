@@ -11,7 +11,8 @@ Both classes implement what :class:`fideval.model.adapters.Adapter` and the runn
 :class:`~fideval.model.checkpoint.Checkpoint`: ``dir``, ``config_dict``, ``config_dir``, ``in``,
 ``info(key)`` (shape and dtype *after* decoding) and ``read(key, rows=, pin=, out=)``. The architecture
 and config always come from the reference model's ``config.json`` (``config_dir``): the build must be
-the same network, and shape checks against it name the offending tensor.
+the same network, and shape checks against it name the offending tensor. The reference may be an FP8 release
+(:mod:`fideval.model.fp8_release`): only its config is used here; a reference quantized any other way is refused.
 
 * :class:`QuantizedCheckpoint` -- safetensors folders: compressed-tensors NVFP4 (``weight_packed``,
   ``weight_scale``, ``weight_global_scale``) and FP8 (``weight`` + ``weight_scale``), ModelOpt NVFP4/FP8,
@@ -55,9 +56,9 @@ def _reference_config(reference_dir: Path) -> dict:
         raise FidevalError(f"{p} is not valid JSON ({type(e).__name__})", hint="fix or re-download config.json") from None
     if not isinstance(cfg, dict):
         raise FidevalError(f"{p} is not a JSON object", hint="fix or re-download config.json")
-    if cfg.get("quantization_config"):
-        raise FidevalError(f"{p}: the reference must be an unquantized checkpoint (it has a quantization_config)",
-                           hint="model.path is the reference; put the quantized build in the candidate's checkpoint")
+    from fideval.model.fp8_release import detect
+
+    detect(cfg, p)  # an FP8 release is a reference (its config is the model's); another quantization is refused
     return cfg
 
 
@@ -140,6 +141,8 @@ def plan(raw: dict[str, TensorInfo], where: Path, transpose_experts: bool = Fals
 
 class QuantizedCheckpoint:
     """A quantized safetensors folder read as the reference model's float tensors, one tensor at a time."""
+
+    release = None  # reads give floats (the reference may be an FP8 release: its config, not its tensors, is used)
 
     def __init__(self, weights_dir: str | Path, reference_dir: str | Path):
         self.raw = Checkpoint(weights_dir)
@@ -259,6 +262,8 @@ class GGUFLogical:
 
 class GGUFCheckpoint:
     """A llama.cpp GGUF file read as the reference model's Hugging Face float32 tensors, tensor by tensor."""
+
+    release = None
 
     def __init__(self, gguf_path: str | Path, reference_dir: str | Path):
         from fideval.quant.gguf_file import _reader

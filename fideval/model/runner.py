@@ -26,7 +26,7 @@ import numpy as np
 import torch
 
 from fideval.errors import FidevalError
-from fideval.model import determinism, hooks, parallel, profile
+from fideval.model import determinism, fp8_release, hooks, parallel, profile
 from fideval.model.adapters import Adapter, expert_range
 from fideval.model.checkpoint import WeightSource, open_weights
 from fideval.model.device import resolve_device
@@ -112,6 +112,12 @@ class Runner:
         return self.adapter.vocab_size
 
     @property
+    def weights_description(self) -> str:
+        """What the weights are, for provenance: e.g. ``as released: FP8 E4M3, 128x128 block scales, dequantized
+        to bfloat16 on cuda`` or ``as released: bfloat16`` (fideval.model.fp8_release.describe)."""
+        return fp8_release.describe(self.ckpt, self.adapter.release, self.dtype, self.device)
+
+    @property
     def warming(self) -> bool:
         """True while the throughput mode's one-off warm-up call runs (profilers leave that call out)."""
         return self.blocks is not None and self.blocks.warming
@@ -157,7 +163,7 @@ class Runner:
         return mod
 
     def _load_embed(self) -> torch.nn.Module:
-        w = self._read(self.adapter.top_keys()["embed"]).to(self.dtype)
+        w = self._read(self.adapter.top_keys()["embed"], self.dtype)
         if w.ndim != 2 or w.shape[0] < self.vocab_size:
             raise FidevalError(f"{self.ckpt.dir}: embedding has shape {list(w.shape)}, config.json has vocab "
                                f"{self.vocab_size}", hint="the checkpoint does not match config.json")
@@ -165,13 +171,13 @@ class Runner:
 
     def _load_head(self) -> torch.nn.Module:
         keys, H = self.adapter.top_keys(), self.adapter.config.hidden_size
-        w = self._read(keys["lm_head"], rows=self.vocab_bounds[self.rank]).to(torch.float32)
+        w = self._read(keys["lm_head"], torch.float32, rows=self.vocab_bounds[self.rank])
         if w.ndim != 2 or w.shape[1] != H:
             raise FidevalError(f"{self.ckpt.dir}: {keys['lm_head']} has shape {list(w.shape)}, config.json implies "
                                f"[{self.vocab_size}, {H}]", hint="the checkpoint does not match config.json")
         if self.options.weight_transform is not None:
             w = self.adapter.transform(self.options.weight_transform, "lm_head", "lm_head.weight", w)
-        norm_w = self._read(keys["norm"]).to(self.dtype)
+        norm_w = self._read(keys["norm"], self.dtype)
         if tuple(norm_w.shape) != (H,):
             raise FidevalError(f"{self.ckpt.dir}: model.norm.weight has shape {list(norm_w.shape)}, config.json implies "
                                f"[{H}]", hint="the checkpoint does not match config.json")
@@ -181,10 +187,10 @@ class Runner:
         mod.lm_head.load_state_dict({"weight": w}, assign=True)
         return mod
 
-    def _read(self, key: str, rows: tuple[int, int] | None = None) -> torch.Tensor:
-        """One tensor onto the device (through pinned memory on a GPU)."""
-        t = self.ckpt.read(key, rows=rows, pin=self.device.type == "cuda")
-        return t if self.device.type == "cpu" else t.to(self.device, non_blocking=True)
+    def _read(self, key: str, dtype: torch.dtype, rows: tuple[int, int] | None = None) -> torch.Tensor:
+        """One tensor onto the device (through pinned memory on a GPU), in ``dtype`` (fp8 dequantized there)."""
+        t = self.adapter.read(key, rows=rows, pin=self.device.type == "cuda")
+        return self.adapter.cast(t if self.device.type == "cpu" else t.to(self.device, non_blocking=True), dtype)
 
     # -- execution -----------------------------------------------------------------------------------
     def iter_logits(self, sequences, *, skip: Callable[[str], bool] | None = None, canary: bool = True,

@@ -142,7 +142,7 @@ def run_teacher(model_dir, windows_dir, out, *, kinds=KINDS, device="auto", dtyp
     t_start = time.perf_counter()
     import torch
 
-    from fideval.model import accounting, sizing
+    from fideval.model import accounting, fp8_release, sizing
     from fideval.model.adapters import Adapter
     from fideval.model.checkpoint import open_weights
     from fideval.model.device import resolve_device, resolve_dtype
@@ -166,11 +166,13 @@ def run_teacher(model_dir, windows_dir, out, *, kinds=KINDS, device="auto", dtyp
                            f"{model_dir / 'tokenizer.json'} is {model_sha[:12]}…", hint="rebuild the windows with this model's tokenizer")
     dev = resolve_device(device)
     rank, world, group = init_from_env(dev)
-    adapter = Adapter.load(open_weights(model_dir))  # the config, checked: sizing needs it before the runner
+    ckpt = open_weights(model_dir)
+    adapter = Adapter.load(ckpt)  # the config, checked: sizing needs it before the runner
     vocab = adapter.vocab_size
     block = {"runner": "fideval.model.runner", "arch": adapter.arch, "dtype": dtype, "device": dev.type, "model_parallel": world,
              # CPU float sums change order with the thread count: part of what makes logits reproducible
-             "torch_threads": torch.get_num_threads() if dev.type == "cpu" else None, "lm_head": "float32"}
+             "torch_threads": torch.get_num_threads() if dev.type == "cpu" else None, "lm_head": "float32",
+             "weights": fp8_release.describe(ckpt, adapter.release, resolve_dtype(dtype), dev)}
     meta = {"model_id": model_id or model_dir.name, "model_revision": model_revision or "local",
             "tokenizer_sha256": win_sha or model_sha or "unknown", "vocab_size": vocab, "kind": "logits", "teacher": block}
     writer = StoreWriter(out, meta) if rank == 0 else None

@@ -18,7 +18,7 @@ import math
 import torch
 
 from fideval.quant.base import Encoded, Format, register
-from fideval.quant.elements import E4M3, cast, ceil_pow2_exponent, from_codes, pow2, to_codes
+from fideval.quant.elements import E4M3, cast, ceil_pow2_exponent, pow2, to_codes
 
 FP8_TILE = 128
 
@@ -93,14 +93,47 @@ class FP8Block(Format):
 def fp8_block_decode(codes: torch.Tensor, scale_inv: torch.Tensor, tile: int = FP8_TILE) -> torch.Tensor:
     """float32 weights from E4M3 codes (uint8, or a float8_e4m3fn tensor as stored by DeepSeek) ``[..., R, C]``
     and ``weight_scale_inv`` ``[..., ceil(R/t), ceil(C/t)]``."""
-    if codes.dtype == torch.float8_e4m3fn:
-        codes = codes.view(torch.uint8)
-    if codes.dim() == 1:
-        codes, scale_inv = codes.unsqueeze(0), scale_inv.reshape(1, -1)
-    vals = from_codes(codes, E4M3)
-    r, c = vals.shape[-2:]
-    s = scale_inv.float().repeat_interleave(tile, dim=-2).repeat_interleave(tile, dim=-1)[..., :r, :c]
-    return vals * s
+    w8 = codes.view(torch.float8_e4m3fn) if codes.dtype == torch.uint8 else codes
+    if w8.dim() == 1:
+        w8, scale_inv = w8.unsqueeze(0), scale_inv.reshape(1, -1)
+    return dequant_blocks(w8, scale_inv, (tile, tile), torch.float32)
+
+
+DEQUANT_PIECE = 1 << 24  # elements of float32 temporaries per step of dequant_blocks
+
+
+def dequant_blocks(w8: torch.Tensor, scale_inv: torch.Tensor, block: tuple[int, int] = (FP8_TILE, FP8_TILE),
+                   dtype: torch.dtype = torch.float32, out: torch.Tensor | None = None) -> torch.Tensor:
+    """DeepSeek's ``weight_dequant``: ``w8.to(float32) * scale_inv`` per ``block`` tile (edge tiles partial),
+    rounded once to ``dtype`` (float32 keeps the product), on ``w8``'s device.
+
+    ``w8`` float8 ``[R, C]`` or ``[B, R, C]``, ``scale_inv`` ``[..., ceil(R/b0), ceil(C/b1)]``; ``out``, when given,
+    is filled (a view, e.g. the gate rows of a fused experts tensor). Works in steps of whole row tiles of about
+    ``DEQUANT_PIECE`` elements, so a fused experts tensor never has a float32 copy of itself; the scales are
+    expanded over rows only and broadcast over the columns of a tile."""
+    b0, b1 = block
+    if w8.dim() not in (2, 3) or scale_inv.shape[:-2] != w8.shape[:-2]:
+        raise ValueError(f"dequant_blocks: weight {list(w8.shape)} with scales {list(scale_inv.shape)}")
+    rows, cols = w8.shape[-2:]
+    if tuple(scale_inv.shape[-2:]) != (-(-rows // b0), -(-cols // b1)):
+        raise ValueError(f"dequant_blocks: scales {list(scale_inv.shape)} do not tile {list(w8.shape)} in {b0}x{b1} blocks")
+    y = torch.empty(w8.shape, dtype=dtype, device=w8.device) if out is None else out
+    if tuple(y.shape) != tuple(w8.shape):
+        raise ValueError(f"dequant_blocks: out {list(y.shape)} for weight {list(w8.shape)}")
+    w3, s3, y3 = (w8, scale_inv, y) if w8.dim() == 3 else (w8[None], scale_inv[None], y[None])
+    full, rem = divmod(cols, b1)
+    step = max(b0, DEQUANT_PIECE // max(cols, 1) // b0 * b0)  # rows per step, whole tiles
+    mats = max(1, DEQUANT_PIECE // max(rows * cols, 1))  # matrices per step when one is small
+    for m in range(0, w3.shape[0], mats):
+        for r in range(0, rows, step):
+            x = w3[m:m + mats, r:r + step].to(torch.float32)
+            s = s3[m:m + mats, r // b0:-(-(r + x.shape[1]) // b0)].to(torch.float32)
+            s = s.repeat_interleave(b0, dim=-2)[:, :x.shape[1]]  # [.., rows, ceil(C/b1)]
+            x[..., :full * b1].unflatten(-1, (full, b1)).mul_(s[..., :full, None])
+            if rem:
+                x[..., full * b1:].mul_(s[..., full:])
+            y3[m:m + mats, r:r + step] = x
+    return y
 
 
 FP8_BLOCK = register(FP8Block())

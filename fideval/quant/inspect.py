@@ -12,31 +12,58 @@ from pathlib import Path
 from fideval.errors import FidevalError
 
 
+def weight_shapes(model_dir: Path) -> dict[str, tuple[tuple[int, ...], str]]:
+    """``{tensor name: (shape, dtype)}`` of the model's weights: the headers' tensors, less an FP8 release's
+    ``X.weight_scale_inv`` (part of its F8_E4M3 ``X.weight``, which the runner dequantizes before a spec sees it)."""
+    from fideval.formats.safetensors import folder_shapes
+
+    tensors = folder_shapes(model_dir)
+    suffix = "_scale_inv"
+    return {k: v for k, v in tensors.items()
+            if not (k.endswith(suffix) and tensors.get(k[:-len(suffix)], ((), ""))[1] == "F8_E4M3")}
+
+
+def release_bits(model_dir: Path) -> dict[str, float]:
+    """Stored bits of each F8_E4M3 weight of an FP8 release, its float32 ``_scale_inv`` included (what a spec
+    that leaves the weight alone keeps); empty for an unquantized checkpoint."""
+    import math
+
+    from fideval.formats.safetensors import folder_shapes
+
+    tensors = folder_shapes(model_dir)
+    return {k: math.prod(shape) * 8 + math.prod(tensors[k + "_scale_inv"][0]) * 32
+            for k, (shape, dtype) in tensors.items() if dtype == "F8_E4M3" and k + "_scale_inv" in tensors}
+
+
 def class_shapes(model_dir: Path) -> dict[str | None, dict[str, tuple[int, ...]]]:
     """``{module class or None: {tensor name: shape}}`` of the checkpoint in ``model_dir``."""
-    from fideval.formats.safetensors import folder_shapes
     from fideval.quant.spec import module_class_of
 
     by_class: dict[str | None, dict[str, tuple[int, ...]]] = {}
-    for name, (shape, _dtype) in folder_shapes(model_dir).items():
+    for name, (shape, _dtype) in weight_shapes(model_dir).items():
         by_class.setdefault(module_class_of(name), {})[name] = tuple(shape)
     return by_class
 
 
+def classes_present(by_class: dict) -> set[str]:
+    """The module classes a checkpoint has, from :func:`class_shapes`: those a candidate's spec may name."""
+    return {c for c in by_class if c is not None}
+
+
 def inspect_model(model_dir: Path, spec_text: str) -> dict:
     """The per-class bits table of ``spec_text`` applied to the checkpoint in ``model_dir``."""
-    from fideval.formats.safetensors import DTYPE_BITS, FLOAT_DTYPES, folder_shapes
+    from fideval.formats.safetensors import DTYPE_BITS, FLOAT_DTYPES
     from fideval.quant.base import get_format
     from fideval.quant.spec import check_spec_classes, compile_spec, is_quantized_tensor, module_class_of
 
     compiled = compile_spec(spec_text)
-    tensors = folder_shapes(model_dir)
+    tensors = weight_shapes(model_dir)
     shapes: dict[str, dict[str, tuple[int, ...]]] = {}
     present, dtype_count, quantized = set(), {}, []
     for name, (shape, dtype) in sorted(tensors.items()):
         cls = module_class_of(name) or "other"
         shapes.setdefault(cls, {})[name] = shape
-        if cls != "other" and is_quantized_tensor(name, shape, dtype in FLOAT_DTYPES):
+        if cls != "other" and is_quantized_tensor(name, shape, dtype in FLOAT_DTYPES or dtype == "F8_E4M3"):
             present.add(cls)
             quantized.append((name, cls, shape))
         dtype_count[dtype] = dtype_count.get(dtype, 0) + 1
@@ -48,8 +75,9 @@ def inspect_model(model_dir: Path, spec_text: str) -> dict:
                 get_format(m.format).check_divides(shape, m.group)
             except FidevalError as e:
                 raise FidevalError(f"{name}: {e.message}", hint=e.hint) from None
-    base = max(dtype_count, key=dtype_count.get)
-    table = compiled.bits(shapes, base_bits=DTYPE_BITS.get(base, 16))
+    plain = {d: c for d, c in dtype_count.items() if d != "F8_E4M3"} or dtype_count  # an FP8 release's fp8 weights
+    base = max(plain, key=plain.get)  # count their stored bits, the rest its (bf16) dtype
+    table = compiled.bits(shapes, base_bits=DTYPE_BITS.get(base, 16), stored=release_bits(model_dir))
     table["base_dtype"] = base
     table["classes_present"] = sorted(present)
     return table

@@ -140,12 +140,14 @@ class CompiledSpec:
 
         return {cls: f for cls in self.modules}
 
-    def bits(self, shapes: Mapping[str | None, Iterable[tuple[int, ...]]], base_bits: float = 16.0) -> dict[str, Any]:
+    def bits(self, shapes: Mapping[str | None, Iterable[tuple[int, ...]]], base_bits: float = 16.0,
+             stored: Mapping[str, float] | None = None) -> dict[str, Any]:
         """Bits per weight per module class and for the whole model.
 
         ``shapes``: {module class (or None/"other" for the rest): [tensor shapes] or {tensor name: shape}}. Quantized tensors
         (rank >= 2 in a listed class) count their exact storage, scales included; everything else counts
-        ``base_bits`` per element (16 for a bf16 checkpoint)."""
+        ``base_bits`` per element (16 for a bf16 checkpoint), or its ``stored`` bits when named there (an FP8
+        release's fp8 weights: 8 per element plus their block scales)."""
         from fideval.quant.base import get_format
 
         per_class: dict[str, Any] = {}
@@ -161,6 +163,8 @@ class CompiledSpec:
                 n = math.prod(shape)
                 if m is not None and is_quantized_tensor(name, shape):
                     b = get_format(m.format).storage_bits(shape, m.group, m.recipe)
+                elif stored is not None and name in stored:
+                    b = stored[name]
                 else:
                     b = n * base_bits
                 row["tensors"] += 1

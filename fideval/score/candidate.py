@@ -162,15 +162,15 @@ def from_config(cfg: Any, name: str, path: str, teacher: Any, device: str) -> Ca
 
 def _emulated(cand: Any, path: str, files: Any) -> tuple[dict[str, Any], dict[str, Any]]:
     """The runner's hooks and score.json's info for the reference checkpoint with ``cand``'s quant spec."""
-    from fideval.quant.inspect import class_shapes
+    from fideval.quant.inspect import class_shapes, classes_present, release_bits
     from fideval.quant.spec import check_spec_classes, compile_spec
 
     quant = cand.quant.model_dump(exclude_none=True)
     spec = compile_spec(quant)
     by_class = class_shapes(files.folder)
-    check_spec_classes(quant, {c for c in by_class if c is not None})
+    check_spec_classes(quant, classes_present(by_class))
     hooks = {"weight_transform": spec.weight_transform, "act_transform": spec.act_transform if path == "serving" else None}
-    return hooks, {"source": "emulated", "quant": quant, "bits_per_weight": spec.bits(by_class)}
+    return hooks, {"source": "emulated", "quant": quant, "bits_per_weight": spec.bits(by_class, stored=release_bits(files.folder))}
 
 
 def checkpoint_hooks(ckpt: Any, path: str) -> dict:
@@ -184,6 +184,16 @@ def checkpoint_hooks(ckpt: Any, path: str) -> dict:
         return act_quant_e4m3(x, 128, "fp32")
 
     return {cls: f for cls in sorted(ckpt.quantized_classes())}
+
+
+def serving_hooks(cand: Any, ckpt: Any, src: Any, path: str) -> dict:
+    """:func:`checkpoint_hooks`, refusing a serving path on a build that quantizes no module class (it would
+    only repeat weights-only). ``fideval validate`` asks this of every path a real build is scored on."""
+    act = checkpoint_hooks(ckpt, path)
+    if path == "serving" and not act:
+        raise FidevalError(f"candidate {cand.name!r}: checkpoint {src} quantizes no module class, so 'serving' equals 'weights-only'",
+                           hint="score it on paths: [weights-only]")
+    return act
 
 
 def checkpoint_identity(p) -> dict[str, Any]:
@@ -208,10 +218,7 @@ def _real(cand: Any, path: str, files: Any) -> tuple[dict[str, Any], dict[str, A
 
     src = locate(cand.checkpoint).folder if is_hub(cand.checkpoint) else resolve_path(cand.checkpoint)
     ckpt = open_real(src, files.folder)
-    act = checkpoint_hooks(ckpt, path)
-    if path == "serving" and not act:
-        raise FidevalError(f"candidate {cand.name!r}: checkpoint {src} quantizes no module class, so 'serving' equals 'weights-only'",
-                           hint="score it on paths: [weights-only]")
+    act = serving_hooks(cand, ckpt, src, path)
     if hasattr(ckpt, "bits"):
         bits, kind = ckpt.bits(), f"safetensors ({ckpt.quant_method or 'unquantized'})"
     else:

@@ -26,7 +26,7 @@ from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
-from fideval.config import Config, Domain, resolve_path
+from fideval.config import Config, Domain
 from fideval.errors import FidevalError
 from fideval.formats.ids import window_id
 from fideval.provenance import canonical_hash
@@ -179,7 +179,9 @@ def build_domain(dom: Domain, cfg: Config, enc: Encoder, screen: Screen | None, 
 
 def build(cfg: Config) -> tuple[list[Built], dict[str, Any]]:
     """Build every domain's windows; returns them and the record fields that are not per-window."""
-    tok_dir = resolve_path(cfg.model.tokenizer or cfg.model.path)
+    from fideval.model_source import tokenizer_folder
+
+    tok_dir = tokenizer_folder(cfg.model)
     enc = Encoder(load_tokenizer(tok_dir, cfg.model.trust_remote_code), cfg.windows.separator)
     screen = Screen.from_config(cfg.screen, enc)
     streams = {dom.name: Replay(sampled(iter_documents(dom.source, f"domains.{dom.name}.source", enc.render),

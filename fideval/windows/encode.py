@@ -62,11 +62,15 @@ class Encoder:
         self.prefix = [int(tok.bos_token_id)] if need_bos else []
         self.suffix = [int(tok.eos_token_id)] if need_eos else []
 
-    def render(self, messages: list) -> str:
+    def check_chat(self) -> None:
+        """A messages field is rendered with the tokenizer's chat template: refuse a tokenizer without one."""
         if not getattr(self.tok, "chat_template", None):
             raise FidevalError(f"a messages field needs a chat template, and the tokenizer "
                                f"{getattr(self.tok, 'name_or_path', '') or ''} has none",
                                hint="use a tokenizer with chat_template or a text field")
+
+    def render(self, messages: list) -> str:
+        self.check_chat()
         try:
             return self.tok.apply_chat_template(messages, tokenize=False)
         except Exception as e:

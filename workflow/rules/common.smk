@@ -28,6 +28,12 @@ MP = CFG.teacher.model_parallel
 HEADLINE = CFG.candidates[0].name if CFG.candidates else "none"
 
 
+# Before the first job runs (snakemake skips onstart on dry runs and when nothing is to be done), refuse in
+# seconds a config some stage would refuse hours in: README.md, "What validate checks".
+onstart:
+    shell("fideval validate {CONFIG_FILE:q}")
+
+
 wildcard_constraints:
     run=r"[A-Za-z0-9][A-Za-z0-9_.-]*",
     kind="windows|cuts",

@@ -1,0 +1,115 @@
+"""Each candidate as the candidate stage will build it.
+
+* An emulated build (``quant:``): each module class's ``{format, recipe, group}`` through the stage's own
+  builder (:func:`fideval.quant.spec.resolve_spec`, then :func:`compile_spec` on the whole spec), the class
+  against the classes the model has (:func:`check_spec_classes`), and the format's block against the last
+  dimension of every tensor it would quantize (what ``weight_transform`` would refuse mid-run).
+* A real build (``checkpoint:``): opened by the classes that will decode it (:func:`open_real`:
+  ``QuantizedCheckpoint``'s quantization_config, architecture and tensor plan from the safetensors headers;
+  ``GGUFCheckpoint``'s architecture, name map and shapes from the GGUF header), and each of its paths
+  (:func:`fideval.score.candidate.serving_hooks`: 'serving' needs a quantized class).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from fideval.errors import FidevalError
+from fideval.validate import Findings
+from fideval.validate.model import Probe
+
+
+def check(cfg: Any, probe: Probe, found: Findings) -> None:
+    for cand in cfg.candidates:
+        if cand.quant is not None:
+            _emulated(cand, probe, found)
+        else:
+            _real(cand, probe, found)
+
+
+def _rejected_part(m: dict) -> str:
+    """Which of format / recipe / group the builder refused (to name the key; the message is the builder's)."""
+    from fideval.quant.base import get_format
+
+    try:
+        fmt = get_format(m["format"])
+    except FidevalError:
+        return "format"
+    try:
+        fmt.resolve_recipe(m.get("recipe"))
+    except FidevalError:
+        return "recipe"
+    return "group"
+
+
+def _emulated(cand: Any, probe: Probe, found: Findings) -> None:
+    from fideval.quant.base import get_format
+    from fideval.quant.spec import check_spec_classes, compile_spec, resolve_spec
+
+    quant = cand.quant.model_dump(exclude_none=True)  # what the candidate stage compiles
+    base = f"candidates.{cand.name}.quant"
+    resolved = {}
+    for cls, m in quant.items():
+        try:
+            resolved[cls] = resolve_spec({cls: m})[cls]
+        except FidevalError as e:
+            found.add(f"{base}.{cls}.{_rejected_part(m)}", e)
+    if len(resolved) == len(quant):
+        try:
+            compile_spec(quant)  # the whole spec, as the stage builds it
+        except FidevalError as e:
+            found.add(base, e)
+            return
+    if probe.classes is None:
+        return
+    for cls, spec in resolved.items():
+        try:
+            check_spec_classes({cls: quant[cls]}, probe.classes)
+        except FidevalError as e:
+            found.add(f"{base}.{cls}", e)
+            continue
+        fmt = get_format(spec.format)
+        for name, (c, shape) in probe.tensors.items():
+            if c != cls:
+                continue
+            try:
+                fmt.check_divides(shape, spec.group)
+            except FidevalError as e:
+                part = "group" if "group" in quant[cls] else "format"
+                found.add(f"{base}.{cls}.{part}", FidevalError(f"{name}: {e.message}", hint=e.hint))
+                break
+
+
+def _real(cand: Any, probe: Probe, found: Findings) -> None:
+    from fideval.config import is_hub, resolve_path
+    from fideval.model.quantized import open_real
+    from fideval.model_source import cached
+    from fideval.score.candidate import serving_hooks
+
+    key = f"candidates.{cand.name}.checkpoint"
+    if is_hub(cand.checkpoint):
+        files = cached(cand.checkpoint)
+        if files is None:
+            found.notes.append(f"candidate {cand.name}: {cand.checkpoint} is not in the local Hub cache: "
+                               "it is checked once the candidate stage has fetched it")
+            return
+        src = files.folder
+    else:
+        src = resolve_path(cand.checkpoint)
+        if not src.exists():
+            return  # check_files has named it
+    if probe.folder is None:
+        found.notes.append(f"candidate {cand.name}: its build is checked against the reference once the reference is local")
+        return
+    if probe.adapter is None:
+        return  # the reference itself is refused ('model.path'); a build of it would only repeat that
+    try:
+        ckpt = open_real(src, probe.folder)
+    except FidevalError as e:
+        found.add(key, e)
+        return
+    for path in cand.paths:
+        try:
+            serving_hooks(cand, ckpt, src, path)
+        except FidevalError as e:
+            found.add(f"candidates.{cand.name}.paths", e)

@@ -1,0 +1,57 @@
+"""What the run will write: the teacher stores, float32 logits for every token of every sequence, one store
+per length in ``teacher.lengths`` (windows and cuts hold the same tokens: a window's cuts tile it). Their
+size is printed, and refused when it exceeds the free space where they will be written.
+"""
+
+from __future__ import annotations
+
+import shutil
+from pathlib import Path
+from typing import Any
+
+from fideval.validate import Findings
+from fideval.validate.model import Probe
+
+LOGIT_BYTES = 4  # float32
+
+
+def human(n: float) -> str:
+    """Decimal units, three significant digits: 1.08 TB."""
+    for unit in ("B", "kB", "MB", "GB", "TB", "PB"):
+        if abs(n) < 1000 or unit == "PB":
+            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.3g} {unit}"
+        n /= 1000
+    raise AssertionError  # pragma: no cover
+
+
+def rows(cfg: Any) -> int:
+    """Logit rows per store: domains x windows per domain x tokens per window."""
+    return len(cfg.domains) * cfg.windows.windows_per_domain * cfg.windows.window_tokens
+
+
+def nearest_existing(p: Path) -> Path:
+    p = p.absolute()
+    while not p.exists() and p != p.parent:
+        p = p.parent
+    return p
+
+
+def written(folder: Path) -> int:
+    """Bytes already under ``folder`` (a resumed run needs only the rest)."""
+    return sum(f.stat().st_size for f in folder.rglob("*") if f.is_file()) if folder.is_dir() else 0
+
+
+def check(cfg: Any, probe: Probe, found: Findings) -> None:
+    vocab = probe.vocab_size
+    if vocab is None:
+        return  # no config.json at hand: the model note says so
+    n, r = len(cfg.teacher.lengths), rows(cfg)
+    total = n * r * vocab * LOGIT_BYTES
+    found.facts.append(f"teacher stores: {n} x {r:,} rows x {vocab:,} x {LOGIT_BYTES} B = {human(total)}")
+    results = Path("results") / cfg.run
+    need = max(0, total - written(results / "teacher"))
+    where = nearest_existing(results)
+    free = shutil.disk_usage(where).free
+    if need > free:
+        found.add("teacher.lengths", f"the teacher stores need {human(need)} more, and {where} has {human(free)} free",
+                  hint="free space there, or lower windows.windows_per_domain or windows.window_tokens, or keep one length")
