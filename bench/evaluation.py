@@ -1,0 +1,491 @@
+"""Bench: the full-size rehearsal of an evaluation on one GPU, through the real verbs.
+
+Run on the GPU machine: ``PYTHONPATH=. python3 bench/evaluation.py`` (``--small`` for a CPU smoke run).
+
+What it does, in one run:
+1. Writes a random checkpoint with DeepSeek-V3's real layer shapes in the real FP8 release layout: E4M3
+   weights + float32 ``weight_scale_inv`` per 128x128 block, per-expert tensors, ``quantization_config``
+   ``fp8`` / ``[128, 128]``; embeddings, norms, router and lm head in bf16; vocabulary 129,280; 1 dense +
+   2 MoE layers (fewer MoE layers if the disk is small; said in the table).
+2. **Verbs** (``python -m fideval teacher`` then ``python -m fideval score --config`` for an MXFP4-experts
+   candidate on both paths) on the largest store that fits the disk (``--verb-seqs`` cuts of 2,048): wall
+   time of each verb, its own profile from the store manifest / score.json, store bytes written and read.
+3. **Compute at size**: the runner with the settings the verbs pick (``fideval.model.sizing``) over
+   ~1 M tokens per layer at 2,048 and 8,192 tokens a sequence, teacher and candidate (serving path), the
+   logits consumed on the GPU (a 542 GB store per length cannot be written on a 64 GB disk): tokens/s,
+   whole-run model FLOP utilisation, the parts.
+4. The extrapolation to the seed's evaluation (printed with its formula): 61 layers (DeepSeek-V3) or the
+   seed model's own config (DeepSeek-V4.1-Flash, ``../shared/reference-code/deepseek-v4.1-flash/config.json``),
+   1,048,064 rows at 2,048 and 1,048,448 at 8,192, teacher + 2 candidate paths at each length.
+Prints one table: figure | measured | ceiling or goal.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import os
+import shutil
+import struct
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+import torch
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+PEAK = 989e12  # H100/H200 SXM dense bf16 tensor-core peak (no sparsity)
+V3 = dict(hidden=7168, heads=128, q_lora=1536, kv_lora=512, rope=64, nope=128, v=128, experts=256, moe_inter=2048,
+          topk=8, groups=8, topk_groups=4, dense_inter=18432, vocab=129280, layers=3, n_layers_real=61, dense_real=3)
+SMALL = dict(hidden=256, heads=4, q_lora=64, kv_lora=32, rope=16, nope=32, v=32, experts=16, moe_inter=128,
+             topk=4, groups=4, topk_groups=2, dense_inter=512, vocab=1024, layers=3, n_layers_real=61, dense_real=3)
+SEED_ROWS = {2048: 1_048_064, 8192: 1_048_448}  # 512 x 2,047 and 128 x 8,191 next-token rows
+BLOCK = 128
+
+
+def config(s: dict) -> dict:
+    return {"architectures": ["DeepseekV3ForCausalLM"], "model_type": "deepseek_v3", "vocab_size": s["vocab"],
+            "hidden_size": s["hidden"], "intermediate_size": s["dense_inter"], "moe_intermediate_size": s["moe_inter"],
+            "num_hidden_layers": s["layers"], "num_attention_heads": s["heads"], "num_key_value_heads": s["heads"],
+            "n_shared_experts": 1, "n_routed_experts": s["experts"], "num_experts_per_tok": s["topk"], "n_group": s["groups"],
+            "topk_group": s["topk_groups"], "first_k_dense_replace": 1, "norm_topk_prob": True, "routed_scaling_factor": 2.5,
+            "q_lora_rank": s["q_lora"], "kv_lora_rank": s["kv_lora"], "qk_rope_head_dim": s["rope"], "qk_nope_head_dim": s["nope"],
+            "v_head_dim": s["v"], "max_position_embeddings": 16384, "rms_norm_eps": 1e-6, "tie_word_embeddings": False,
+            "hidden_act": "silu", "torch_dtype": "bfloat16", "rope_theta": 10000.0, "scoring_func": "sigmoid",
+            "topk_method": "noaux_tc",
+            # DeepSeek-V3's own release: E4M3 weights, one float32 scale per 128x128 block, activations dynamic
+            "quantization_config": {"quant_method": "fp8", "fmt": "e4m3", "activation_scheme": "dynamic",
+                                    "weight_block_size": [BLOCK, BLOCK]}}
+
+
+def layer_tensors(s: dict, i: int) -> list[tuple[str, tuple[int, ...], str]]:
+    """(name, shape, kind) of layer i; kind: fp8 (a quantized linear), bf16 or f32 (the router's bias)."""
+    H, nh = s["hidden"], s["heads"]
+    p = f"model.layers.{i}."
+    t = [(p + "input_layernorm.weight", (H,), "bf16"), (p + "post_attention_layernorm.weight", (H,), "bf16"),
+         (p + "self_attn.q_a_proj.weight", (s["q_lora"], H), "fp8"), (p + "self_attn.q_a_layernorm.weight", (s["q_lora"],), "bf16"),
+         (p + "self_attn.q_b_proj.weight", (nh * (s["nope"] + s["rope"]), s["q_lora"]), "fp8"),
+         (p + "self_attn.kv_a_proj_with_mqa.weight", (s["kv_lora"] + s["rope"], H), "fp8"),
+         (p + "self_attn.kv_a_layernorm.weight", (s["kv_lora"],), "bf16"),
+         (p + "self_attn.kv_b_proj.weight", (nh * (s["nope"] + s["v"]), s["kv_lora"]), "fp8"),
+         (p + "self_attn.o_proj.weight", (H, nh * s["v"]), "fp8")]
+    if i == 0:
+        inter = s["dense_inter"]
+        return t + [(p + "mlp.gate_proj.weight", (inter, H), "fp8"), (p + "mlp.up_proj.weight", (inter, H), "fp8"),
+                    (p + "mlp.down_proj.weight", (H, inter), "fp8")]
+    inter, E = s["moe_inter"], s["experts"]
+    t += [(p + "mlp.gate.weight", (E, H), "bf16"), (p + "mlp.gate.e_score_correction_bias", (E,), "f32"),
+          (p + "mlp.shared_experts.gate_proj.weight", (inter, H), "fp8"),
+          (p + "mlp.shared_experts.up_proj.weight", (inter, H), "fp8"),
+          (p + "mlp.shared_experts.down_proj.weight", (H, inter), "fp8")]
+    for e in range(E):
+        t += [(p + f"mlp.experts.{e}.gate_proj.weight", (inter, H), "fp8"), (p + f"mlp.experts.{e}.up_proj.weight", (inter, H), "fp8"),
+              (p + f"mlp.experts.{e}.down_proj.weight", (H, inter), "fp8")]
+    return t
+
+
+def _values(name: str, shape: tuple[int, ...], kind: str, seed: int) -> list[tuple[str, str, tuple[int, ...], bytes]]:
+    """The stored tensors of one logical tensor: random values of the right scale, as safetensors entries."""
+    g = torch.Generator().manual_seed(seed)
+    if kind == "fp8":  # codes ~ N(0, 2), scales ~ 1/(2 sqrt(in)) x U(0.9, 1.1): weights ~ N(0, 1/in)
+        codes = (2 * torch.randn(shape, generator=g)).clamp(-448, 448).to(torch.float8_e4m3fn)
+        sshape = (math.ceil(shape[0] / BLOCK), math.ceil(shape[1] / BLOCK))
+        scale = (0.9 + 0.2 * torch.rand(sshape, generator=g)) / (2 * math.sqrt(shape[1]))
+        return [(name, "F8_E4M3", shape, codes.view(torch.uint8).numpy().tobytes()),
+                (name + "_scale_inv", "F32", sshape, scale.float().numpy().tobytes())]
+    if len(shape) == 1:
+        x = 1.0 + 0.02 * torch.randn(shape, generator=g) if "norm" in name else 0.01 * torch.randn(shape, generator=g)
+    else:
+        x = torch.randn(shape, generator=g) / math.sqrt(shape[-1])
+    if kind == "f32":
+        return [(name, "F32", shape, x.float().numpy().tobytes())]
+    return [(name, "BF16", shape, x.to(torch.bfloat16).view(torch.uint16).numpy().tobytes())]
+
+
+def write_shard(path: Path, items: list[tuple[str, tuple[int, ...], str]], pool: dict) -> tuple[int, list[str]]:
+    """A safetensors file written by hand; values come from a pool of a few distinct blocks per shape (reused),
+    so that writing 25 GB does not mean generating 25 GB of random numbers."""
+    entries = []
+    for k, (name, shape, kind) in enumerate(items):
+        key = (shape, kind, k % 4, "norm" in name)
+        if key not in pool:
+            pool[key] = [(dt, sh, raw) for _, dt, sh, raw in _values(name, shape, kind, len(pool))]
+        names = [name] if len(pool[key]) == 1 else [name, name + "_scale_inv"]
+        entries += [(n, dt, sh, raw) for n, (dt, sh, raw) in zip(names, pool[key])]
+    header, off = {}, 0
+    for n, dt, sh, raw in entries:
+        header[n] = {"dtype": dt, "shape": list(sh), "data_offsets": [off, off + len(raw)]}
+        off += len(raw)
+    h = json.dumps(header).encode()
+    h += b" " * (-len(h) % 8)
+    with open(path, "wb") as f:
+        f.write(struct.pack("<Q", len(h)) + h)
+        for _, _, _, raw in entries:
+            f.write(raw)
+    return off, [n for n, *_ in entries]
+
+
+def write_checkpoint(folder: Path, s: dict) -> float:
+    folder.mkdir(parents=True, exist_ok=True)
+    (folder / "config.json").write_text(json.dumps(config(s)))
+    weight_map, pool, total = {}, {}, 0
+    shards = [("model-embed.safetensors", [("model.embed_tokens.weight", (s["vocab"], s["hidden"]), "bf16")])]
+    shards += [(f"model-layer{i:02d}.safetensors", layer_tensors(s, i)) for i in range(s["layers"])]
+    shards.append(("model-head.safetensors", [("model.norm.weight", (s["hidden"],), "bf16"),
+                                              ("lm_head.weight", (s["vocab"], s["hidden"]), "bf16")]))
+    for fname, items in shards:
+        n, names = write_shard(folder / fname, items, pool)
+        total += n
+        weight_map.update({k: fname for k in names})
+    (folder / "model.safetensors.index.json").write_text(json.dumps({"metadata": {"total_size": total}, "weight_map": weight_map}))
+    return total / 1e9
+
+
+def checkpoint_bytes(s: dict) -> int:
+    """Bytes the checkpoint will take (fp8 weights + their scales, bf16 rest), from the shapes alone."""
+    n = 0
+    for i in range(s["layers"]):
+        for _, shape, kind in layer_tensors(s, i):
+            n += math.prod(shape) * {"fp8": 1, "bf16": 2, "f32": 4}[kind]
+    return n + 2 * 2 * s["vocab"] * s["hidden"]
+
+
+# -- the model's arithmetic ------------------------------------------------------------------------------
+def hf_config(s: dict, layers: int, dense: int = 1):
+    import transformers as tf
+
+    c = {k: v for k, v in config({**s, "layers": layers}).items() if k not in ("architectures", "model_type", "quantization_config")}
+    return tf.DeepseekV3Config(**{**c, "first_k_dense_replace": dense})
+
+
+def v41_flash_flops_per_token(cfg: dict, L: int) -> dict:
+    """Analytic FLOPs per token of DeepSeek-V4.1-Flash from its released config (the shapes of its reference
+    ``model.py``): q LoRA (dim -> q_lora -> heads x head_dim), one shared latent KV of head_dim, the grouped LoRA
+    output projection (o_groups x o_lora), MoE with n_activated + shared experts and the router; attention over
+    the sliding window, plus in compressed layers the indexer's top-k compressed positions (the indexer itself
+    scores every earlier compressed position). Hyper-connections, engram lookups and norms are left out
+    (elementwise or lookups); the MTP layers are not run for logits."""
+    D, nh, hd = cfg["dim"], cfg["n_heads"], cfg["head_dim"]
+    q = D * cfg["q_lora_rank"] + cfg["q_lora_rank"] * nh * hd
+    o = nh * hd * cfg["o_lora_rank"] + cfg["o_groups"] * cfg["o_lora_rank"] * D
+    proj = 2 * (q + D * hd + o)
+    moe = 2 * 3 * D * cfg["moe_inter_dim"] * (cfg["n_activated_experts"] + cfg["n_shared_experts"]) + 2 * D * cfg["n_routed_experts"]
+    total = 0.0
+    for r in cfg["compress_ratios"][:cfg["n_layers"]]:
+        keys, idx = min(cfg["window_size"], (L + 1) / 2), 0.0
+        if r:
+            keys += min(cfg["index_topk"], (L / r + 1) / 2)
+            idx = 2 * cfg["index_n_heads"] * cfg["index_head_dim"] * (L / r + 1) / 2
+        total += proj + 2 * nh * 2 * hd * keys + idx + moe
+    return {"layers": total, "head": 2 * D * cfg["vocab_size"], "n_layers": cfg["n_layers"],
+            "weights_gb": v41_flash_weight_bytes(cfg) / 1e9}
+
+
+def v41_flash_weight_bytes(cfg: dict) -> float:
+    """Bytes read per pass: routed experts FP4 (0.5 B + an E8M0 scale per 32), the rest FP8 (+ 128x128 scales),
+    embedding and head bf16. Engram tables are lookups (the rows a window touches), left out."""
+    D = cfg["dim"]
+    experts = cfg["n_layers"] * cfg["n_routed_experts"] * 3 * D * cfg["moe_inter_dim"] * (0.5 + 1 / 32)
+    q = D * cfg["q_lora_rank"] + cfg["q_lora_rank"] * cfg["n_heads"] * cfg["head_dim"]
+    o = cfg["n_heads"] * cfg["head_dim"] * cfg["o_lora_rank"] + cfg["o_groups"] * cfg["o_lora_rank"] * D
+    rest = cfg["n_layers"] * (q + D * cfg["head_dim"] + o + 3 * D * cfg["moe_inter_dim"] * cfg["n_shared_experts"])
+    return experts + rest * (1 + 4 / 128 ** 2) + 2 * 2 * cfg["vocab_size"] * D
+
+
+# -- the verbs ---------------------------------------------------------------------------------------------
+def write_windows(root: Path, vocab: int, n: int, L: int, seed: int = 0) -> Path:
+    from fideval.formats.ids import sequence_ids
+    from fideval.windows.layout import Sequences, length_dir, write_sequences
+
+    rng = np.random.default_rng(seed)
+    ids = sequence_ids("web", n, None)
+    folder = length_dir(root, "cuts", L)
+    folder.mkdir(parents=True, exist_ok=True)
+    write_sequences(folder, Sequences(ids=ids, domains=["web"] * n, tokens=rng.integers(0, vocab, (n, L)).astype(np.int32)))
+    return folder / "tokens.safetensors"
+
+
+def write_config(path: Path, model: Path, device: str, data: Path) -> None:
+    data.write_text('{"text": "unused: the bench writes its token windows itself"}\n')
+    path.write_text(f"""run: rehearsal
+model: {{path: {model}, id: bench/deepseek-v3-shaped-fp8, revision: local}}
+domains:
+  - name: web
+    source: {{type: local, path: {data}, text_field: text}}
+teacher: {{device: {device}, dtype: bfloat16}}
+candidates:
+  - name: mxfp4-experts
+    quant:
+      routed_experts: {{format: mxfp4, recipe: rceil}}
+    paths: [serving, weights-only]
+""")
+
+
+def verb(args: list[str], env: dict) -> tuple[float, str]:
+    t0 = time.perf_counter()
+    res = subprocess.run([sys.executable, "-m", "fideval", *args], capture_output=True, text=True, env=env, cwd=ROOT)
+    wall = time.perf_counter() - t0
+    if res.returncode != 0:
+        raise SystemExit(f"fideval {args[0]} failed ({res.returncode}): {res.stderr[-3000:]}")
+    print(f"fideval {args[0]} ({wall:.1f} s): {res.stdout.strip()[-600:]}", flush=True)
+    return wall, res.stdout.strip()
+
+
+def run_verbs(work: Path, ckpt: Path, s: dict, n: int, device: str, fused: bool) -> dict:
+    """``fideval teacher`` then ``fideval score --config`` on both paths (and the fused pass when asked), each
+    in its own process as the workflow runs them; their own profiles read back from what they wrote."""
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")]), "PYTHONUNBUFFERED": "1"}
+    tokens = write_windows(work / "windows", s["vocab"], n, 2048)
+    cfg = work / "rehearsal.yaml"
+    write_config(cfg, ckpt, device, work / "unused.jsonl")
+    store = work / "teacher"
+    shutil.rmtree(store, ignore_errors=True)
+    shutil.rmtree(work / "records", ignore_errors=True)
+    out = {"rows": n * 2047, "tokens": n * 2048}
+    out["teacher_s"], _ = verb(["teacher", "--config", str(cfg), "--windows", str(tokens), "--out", str(store),
+                                "--lengths", "cuts", "--device", device], env)
+    man = json.loads((store / "manifest.json").read_text())
+    meta = man.get("meta", {})
+    out["teacher_block"] = json.loads(meta.get("teacher", "{}"))
+    out["teacher_profile"] = json.loads(meta.get("profile", "{}"))
+    out["store_bytes"] = sum(p.stat().st_size for p in store.rglob("*.safetensors"))
+    for path in ("serving", "weights-only"):
+        rec = work / "records" / path
+        out[f"score_{path}_s"], _ = verb(["score", "--teacher", str(store), "--config", str(cfg), "--candidate", "mxfp4-experts",
+                                         "--path", path, "--out", str(rec), "--device", device], env)
+        sj = json.loads((rec / "score.json").read_text())
+        out[f"score_{path}_profile"] = sj.get("profile") or {}
+        out[f"score_{path}_rows"] = sj.get("rows")
+    if fused:
+        fstore = work / "fused-teacher"
+        shutil.rmtree(fstore, ignore_errors=True)
+        shutil.rmtree(work / "fused-records", ignore_errors=True)
+        out["fused_s"], _ = verb(["teacher", "--config", str(cfg), "--windows", str(tokens), "--out", str(fstore), "--lengths", "cuts",
+                                  "--device", device, "--with-candidates", "--records-root", str(work / "fused-records")], env)
+        out["fused_identical_store"] = all(
+            (fstore / p.relative_to(store)).read_bytes() == p.read_bytes() for p in (store / "shards").glob("*.safetensors"))
+        out["fused_profile"] = json.loads(json.loads((fstore / "manifest.json").read_text())["meta"].get("profile", "{}"))
+    return out
+
+
+# -- compute at size ---------------------------------------------------------------------------------------
+def run_compute(ckpt: Path, s: dict, L: int, tokens: int, device: str, candidate: bool) -> dict:
+    """The teacher's own path (fideval.model.teacher: sizing, runner options, timeline, accounting) over ``tokens``
+    tokens per layer, the logits consumed on the device instead of written (see the module docstring)."""
+    from fideval.model import accounting, sizing
+    from fideval.model.adapters import Adapter
+    from fideval.model.checkpoint import open_weights
+    from fideval.model.flops import flops_per_token
+    from fideval.model.profile import Timeline
+    from fideval.model.runner import Runner, RunnerOptions
+
+    dev = torch.device(device)
+    n = max(1, tokens // L)
+    toks = np.random.default_rng(1).integers(0, s["vocab"], size=(n, L)).astype(np.int32)
+    hooks = {}
+    if candidate:
+        from fideval.quant.spec import compile_spec
+
+        spec = compile_spec({"routed_experts": {"format": "mxfp4", "recipe": "rceil"}})
+        hooks = {"weight_transform": spec.weight_transform, "act_transform": spec.act_transform}
+    w = open_weights(ckpt)
+    adapter = Adapter.load(w)
+    st = sizing.choose(dev, torch.bfloat16, adapter.config, L, n_sequences=n)
+    timeline = Timeline(dev)
+    r = Runner(w, RunnerOptions(device=dev, dtype=torch.bfloat16, profile=True, **st.runner_options(), **hooks), timeline=timeline)
+    if device == "cuda":
+        torch.cuda.synchronize()
+        torch.cuda.reset_peak_memory_stats()
+    t0 = time.perf_counter()
+    timeline.start()
+    acc = torch.zeros((), device=dev)
+    for _, logits in r.run(toks):
+        acc += logits[-1, :8].sum()  # consumed on the device: no host copy, no store (measured by the verbs)
+    stats = r.finish_profile()
+    wall = time.perf_counter() - t0
+    f = flops_per_token(adapter.config, L)
+    prof = accounting.summary(wall, stats.get("parts", {}), device=accounting.device_name(dev), tokens=n * L,
+                              model_flops=f["total"] * n * L, peak=accounting.peak_tflops(accounting.device_name(dev), "bfloat16"),
+                              hidden={"load": accounting.hidden_share(stats.get("load_s", 0.0), stats.get("wait_s", 0.0))})
+    out = {"L": L, "seqs": n, "tokens": n * L, "settings": st.recorded(), "finite": math.isfinite(float(acc)), "profile": prof,
+           "flops": f, "canary": bool(r.canary and r.canary.get("identical")),
+           "peak_gpu_gb": torch.cuda.max_memory_allocated() / 1e9 if device == "cuda" else 0.0}
+    del r, w
+    if device == "cuda":
+        torch.cuda.empty_cache()
+    return out
+
+
+# -- disk and the extrapolation ------------------------------------------------------------------------------
+def disk_rates(work: Path, gb: int = 4) -> dict:
+    """Sequential write and read of the results disk with O_DIRECT (dd), the page cache out of the way."""
+    f = work / "dd.bin"
+    out = {}
+    for what, args in (("write", [f"of={f}", "if=/dev/zero", "oflag=direct"]), ("read", [f"if={f}", "of=/dev/null", "iflag=direct"])):
+        t0 = time.perf_counter()
+        res = subprocess.run(["dd", "bs=16M", f"count={gb * 64}", *args], capture_output=True, text=True)
+        out[what] = gb * (1 << 30) / (time.perf_counter() - t0) / 1e9 if res.returncode == 0 else None
+    f.unlink(missing_ok=True)
+    return out
+
+
+def extrapolate(compute: dict, verbs: dict | None, disk: dict, s: dict) -> list[tuple[str, str, str]]:
+    """Seed evaluation time on this GPU, from the measured rates (formula printed with the figures)."""
+    rows = []
+    wr, rd = (disk.get("write") or 1.0) * 1e9, (disk.get("read") or 1.0) * 1e9  # bytes/s
+    v41 = json.loads((ROOT.parent / "shared" / "reference-code" / "deepseek-v4.1-flash" / "config.json").read_text()) \
+        if (ROOT.parent / "shared").is_dir() else None
+    from fideval.model.flops import flops_per_token
+
+    for model in ("DeepSeek-V3", "DeepSeek-V4.1-Flash"):
+        if model == "DeepSeek-V4.1-Flash" and v41 is None:
+            continue
+        total = {"separate": 0.0, "fused": 0.0}
+        terms = []
+        for L, rows_L in SEED_ROWS.items():
+            T = rows_L // (L - 1) * L
+            if model == "DeepSeek-V3":
+                f = flops_per_token(hf_config(V3, V3["n_layers_real"], V3["dense_real"]), L)
+                f_layers, f_head = f["total"] - f["head"], f["head"]
+                wbytes = 671e9 + 2 * 2 * s["vocab"] * s["hidden"]  # FP8 release: ~1 B a parameter, bf16 ends
+            else:
+                f = v41_flash_flops_per_token(v41, L)
+                f_layers, f_head, wbytes = f["layers"], f["head"], f["weights_gb"] * 1e9
+            vocab = V3["vocab"] if model == "DeepSeek-V3" else v41["vocab_size"]
+            passes = {}
+            for role in ("teacher", "candidate"):
+                c = compute.get(f"{role}-{L}") or compute.get(f"{role}-{max(k for k in SEED_ROWS if f'{role}-{k}' in compute)}") \
+                    if compute else None
+                if c is None:
+                    continue
+                p = c["profile"]
+                head_s = p["parts"].get("head", 0.0) / c["tokens"]
+                layer_s = (p["wall_s"] - p["parts"].get("head", 0.0)) / c["tokens"]
+                # the rehearsal's layers and head, per token, scaled by the model's FLOPs per token against the
+                # rehearsal's (its 3 layers: 1 dense + 2 MoE at DeepSeek-V3 sizes)
+                fr = c["flops"]
+                layer_scale = f_layers / (fr["total"] - fr["head"])
+                passes[role] = T * (layer_s * layer_scale + head_s * f_head / fr["head"])
+            if len(passes) < 2:
+                continue
+            store = rows_L * vocab * 4
+            weights_s = wbytes / (rd if wbytes > 100e9 else 10e9)  # > 100 GB cannot stay in 128 GB of page cache
+            write_s, read_s = store / wr, store / rd
+            sep = max(passes["teacher"], weights_s, write_s) + 2 * (max(passes["candidate"], weights_s) + read_s)
+            fused = max(passes["teacher"] + 2 * passes["candidate"], weights_s, write_s)
+            total["separate"] += sep
+            total["fused"] += fused
+            terms.append(f"L={L}: teacher {passes['teacher']:.0f} s, candidate {passes['candidate']:.0f} s, weights {weights_s:.0f} s, "
+                         f"store write {write_s:.0f} s, read-back {read_s:.0f} s")
+        if not terms:
+            continue
+        rows.append((f"extrapolation {model}: separate passes (teacher, then 2 candidate passes reading the store back)",
+                     f"{total['separate'] / 60:.0f} min ({'; '.join(terms)})", "<= 45 min"))
+        rows.append((f"extrapolation {model}: fused pass (one weight read per layer, no read-back)",
+                     f"{total['fused'] / 60:.0f} min", "<= 45 min"))
+    rows.append(("extrapolation formula", "per length L: T = rows/(L-1) x L tokens; pass = T x (layer s/token x F_layers/F_layers,bench + "
+                 "head s/token x F_head/F_head,bench); separate = max(teacher, W/disk_read, S/disk_write) + 2 x (max(candidate, "
+                 "W/disk_read) + S/disk_read); fused = max(teacher + 2 candidate, W/disk_read, S/disk_write); S = rows x vocab x 4 B, "
+                 "W = checkpoint bytes (from page cache at ~10 GB/s when < 100 GB)", f"disk write {wr / 1e9:.2f} GB/s, read {rd / 1e9:.2f} GB/s"))
+    return rows
+
+
+def print_table(rows, title):
+    print(f"\n{title}")
+    w = max(len(r[0]) for r in rows)
+    print(f"| {'figure'.ljust(w)} | measured | ceiling / goal |\n|{'-' * (w + 2)}|---|---|")
+    for r in rows:
+        print(f"| {r[0].ljust(w)} | {r[1]} | {r[2]} |", flush=True)
+
+
+def parts_line(p: dict) -> str:
+    wall = p.get("wall_s") or 0.0
+    return ", ".join(f"{k} {v:.1f} s" for k, v in p.get("parts", {}).items() if v >= 0.05 or k == "other") + \
+        f" (other {p.get('other_fraction', 0):.1%} of {wall:.1f} s)"
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--small", action="store_true", help="CPU-sized smoke run")
+    ap.add_argument("--dir", default="/tmp/fideval-evaluation")
+    ap.add_argument("--part", default="all", choices=["all", "verbs", "compute"])
+    ap.add_argument("--verb-seqs", type=int, default=16, help="cuts of 2,048 the verbs run on (store: n x 2,047 x vocab x 4 B)")
+    ap.add_argument("--tokens", type=int, default=1 << 20, help="tokens per layer of each compute run")
+    ap.add_argument("--lengths", default="2048,8192")
+    ap.add_argument("--fused", action="store_true", help="also run the fused pass (fideval teacher --with-candidates)")
+    ap.add_argument("--result", default=None, help="also write the results as JSON here")
+    a = ap.parse_args()
+    s = dict(SMALL if a.small else V3)
+    device = "cuda" if torch.cuda.is_available() and not a.small else "cpu"
+    if a.small:
+        a.verb_seqs, a.tokens = min(a.verb_seqs, 2), min(a.tokens, 1024)
+    work = Path(a.dir)
+    ckpt = work / "ckpt"
+    work.mkdir(parents=True, exist_ok=True)
+    t_all = time.perf_counter()
+    if not (ckpt / "model.safetensors.index.json").is_file():
+        moe_layer = checkpoint_bytes({**s, "layers": 2}) - checkpoint_bytes({**s, "layers": 1})
+        free = shutil.disk_usage(work).free
+        fit = int((free - a.verb_seqs * 2047 * s["vocab"] * 4 - checkpoint_bytes({**s, "layers": 1}) - 4e9) // moe_layer)
+        if fit < s["layers"] - 1:
+            if fit < 1:
+                raise SystemExit(f"{free / 1e9:.0f} GB free: not one MoE layer ({moe_layer / 1e9:.0f} GB) beside the store fits")
+            s["layers"] = 1 + fit
+        t0 = time.perf_counter()
+        gb = write_checkpoint(ckpt, s)
+        print(f"wrote {gb:.1f} GB in {time.perf_counter() - t0:.1f} s", flush=True)
+    s["layers"] = json.loads((ckpt / "config.json").read_text())["num_hidden_layers"]
+    gb = sum(p.stat().st_size for p in ckpt.glob("*.safetensors")) / 1e9
+    rows = [("checkpoint", f"{gb:.1f} GB, FP8 E4M3 + 128x128 scales, {s['layers']} layers (1 dense + {s['layers'] - 1} MoE), "
+             f"{s['experts']} x {s['moe_inter']} experts, hidden {s['hidden']}, vocab {s['vocab']:,}", "DeepSeek-V3 release layout")]
+    result = {"device": torch.cuda.get_device_name() if device == "cuda" else "cpu", "layers": s["layers"]}
+    result["disk"] = disk = disk_rates(work, 1 if a.small else 4)
+    print("disk", json.dumps(disk), flush=True)
+    if a.part in ("all", "verbs"):
+        result["verbs"] = v = run_verbs(work, ckpt, s, a.verb_seqs, device, a.fused)
+        tp, gbs = v["teacher_profile"], v["store_bytes"] / 1e9
+        rows += [("verbs: fideval teacher", f"{v['teacher_s']:.1f} s in its process ({tp.get('wall_s', 0):.1f} s run), "
+                  f"{v['rows']:,} rows, store {gbs:.1f} GB; settings {v['teacher_block'].get('micro_batch')} / "
+                  f"{v['teacher_block'].get('mlp_tokens')} / {v['teacher_block'].get('chunk_bytes')}", "micro-batch / MoE block / chunk"),
+                 ("verbs: teacher parts", parts_line(tp), "parts sum to the wall; other <= 5 %"),
+                 ("verbs: teacher store writes hidden behind compute", f"{(tp.get('hidden') or {}).get('write', float('nan')):.1%}",
+                  ">= 90 %"),
+                 ("verbs: teacher weights", v["teacher_block"].get("weights", "?"), "as released")]
+        for path in ("serving", "weights-only"):
+            sp = v[f"score_{path}_profile"]
+            rows += [(f"verbs: fideval score --config, {path}", f"{v[f'score_{path}_s']:.1f} s, {v[f'score_{path}_rows']:,} rows; "
+                      + parts_line(sp), "")]
+        if a.fused:
+            rows += [("verbs: fused pass (teacher + 2 candidate paths)", f"{v['fused_s']:.1f} s against "
+                      f"{v['teacher_s'] + v['score_serving_s'] + v['score_weights-only_s']:.1f} s separate; store bit-identical "
+                      f"{v['fused_identical_store']}", "")]
+    compute = {}
+    if a.part in ("all", "compute"):
+        for L in [int(x) for x in a.lengths.split(",") if x]:
+            for role in ("teacher", "candidate"):
+                c = run_compute(ckpt, s, min(L, 256) if a.small else L, a.tokens, device, role == "candidate")
+                compute[f"{role}-{L}"] = c
+                print(role, L, json.dumps(c, default=str), flush=True)
+                p = c["profile"]
+                util = p.get("flop_utilisation")
+                rows += [(f"compute {role} L={L}: tokens/s, model FLOP utilisation",
+                          f"{p['tokens_per_s']:,.0f}, {util:.1%}" if util is not None else f"{p['tokens_per_s']:,.0f}",
+                          ">= 35 % of 989 TFLOP/s"),
+                         (f"compute {role} L={L}: parts", parts_line(p) + f"; settings {c['settings']}; "
+                          f"peak GPU {c['peak_gpu_gb']:.0f} GB; canary {c['canary']}", "other <= 5 %")]
+        result["compute"] = compute
+        rows += extrapolate(compute, result.get("verbs"), disk, s)
+    text = json.dumps(result, default=str, indent=1)
+    (work / "result.json").write_text(text)
+    if a.result:
+        Path(a.result).write_text(text)
+    print_table(rows, f"bench/evaluation.py on {result['device']} ({time.perf_counter() - t_all:.0f} s)")
+
+
+if __name__ == "__main__":
+    main()
