@@ -391,7 +391,8 @@ def extrapolate(compute: dict, verbs: dict | None, disk: dict, s: dict) -> list[
     rows.append(("extrapolation formula", "per length L: T = rows/(L-1) x L tokens; pass = T x (layer s/token x F_layers/F_layers,bench + "
                  "head s/token x F_head/F_head,bench); separate = max(teacher, W/disk_read, S/disk_write) + 2 x (max(candidate, "
                  "W/disk_read) + S/disk_read); fused = max(teacher + 2 candidate, W/disk_read, S/disk_write); S = rows x vocab x 4 B, "
-                 "W = checkpoint bytes (from page cache at ~10 GB/s when < 100 GB)", f"disk write {wr / 1e9:.2f} GB/s, read {rd / 1e9:.2f} GB/s"))
+                 "W = checkpoint bytes (from page cache at ~10 GB/s when < 100 GB)",
+                 f"disk write {wr / 1e9:.2f} GB/s, read {rd / 1e9:.2f} GB/s"))
     return rows
 
 
