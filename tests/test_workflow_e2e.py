@@ -35,8 +35,11 @@ RUN = "e2e"
 DOMAINS = ("code", "math")
 
 # Provenance of the software, not figures: the tool block (version, git commit: the repository may gain a
-# commit between two runs of this module) and the SHA-256 of score.json, which embeds that tool block.
-VOLATILE = {"tool", "git_commit", "score_sha256"}
+# commit between two runs of this module) and the SHA-256 of score.json, which embeds that tool block. And the
+# run's own timing profile (wall seconds, tokens/s, time per part): a measurement of the machine while the
+# stage ran, recorded so that every real run reports its utilisation, which no two runs share; with it the
+# SHA-256 of each teacher manifest file, which covers that profile (the shards' own hashes are compared).
+VOLATILE = {"tool", "git_commit", "score_sha256", "profile", "manifest_sha256"}
 
 
 def tiny_config(path: Path) -> Path:
@@ -70,13 +73,17 @@ def smk(workdir: Path, cfg: Path, *args: str, timeout: float = 300) -> subproces
 
 
 def figures(obj):
-    """report.json without the VOLATILE provenance keys.
+    """report.json without the VOLATILE provenance keys (and the teacher manifests' file hashes, which cover
+    their timing profiles).
 
     A candidate's `runs` lists the distinct software that scored its records: a store rescored after a
     commit landed adds a run that differs only in its tool block, so runs are compared as a set.
     """
     if isinstance(obj, dict):
         out = {k: figures(v) for k, v in obj.items() if k not in VOLATILE}
+        if isinstance(out.get("teacher_manifests"), list):
+            # a manifest file's own SHA-256 covers its meta.profile; the rest of its meta is compared
+            out["teacher_manifests"] = [{k: v for k, v in m.items() if k != "sha256"} for m in out["teacher_manifests"]]
         if isinstance(out.get("runs"), list):
             out["runs"] = sorted({json.dumps(r, sort_keys=True) for r in out["runs"]})
         return out
