@@ -236,9 +236,9 @@ def verb(args: list[str], env: dict) -> tuple[float, str]:
     return wall, res.stdout.strip()
 
 
-def run_verbs(work: Path, ckpt: Path, s: dict, n: int, device: str, fused: bool) -> dict:
-    """``fideval teacher`` then ``fideval score --config`` on both paths (and the fused pass when asked), each
-    in its own process as the workflow runs them; their own profiles read back from what they wrote."""
+def run_verbs(work: Path, ckpt: Path, s: dict, n: int, device: str) -> dict:
+    """``fideval teacher`` then ``fideval score --config`` on both paths, each in its own process as the
+    workflow runs them; their own profiles read back from what they wrote."""
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")]), "PYTHONUNBUFFERED": "1"}
     tokens = write_windows(work / "windows", s["vocab"], n, 2048)
     cfg = work / "rehearsal.yaml"
@@ -261,15 +261,6 @@ def run_verbs(work: Path, ckpt: Path, s: dict, n: int, device: str, fused: bool)
         sj = json.loads((rec / "score.json").read_text())
         out[f"score_{path}_profile"] = sj.get("profile") or {}
         out[f"score_{path}_rows"] = sj.get("rows")
-    if fused:
-        fstore = work / "fused-teacher"
-        shutil.rmtree(fstore, ignore_errors=True)
-        shutil.rmtree(work / "fused-records", ignore_errors=True)
-        out["fused_s"], _ = verb(["teacher", "--config", str(cfg), "--windows", str(tokens), "--out", str(fstore), "--lengths", "cuts",
-                                  "--device", device, "--with-candidates", "--records-root", str(work / "fused-records")], env)
-        out["fused_identical_store"] = all(
-            (fstore / p.relative_to(store)).read_bytes() == p.read_bytes() for p in (store / "shards").glob("*.safetensors"))
-        out["fused_profile"] = json.loads(json.loads((fstore / "manifest.json").read_text())["meta"].get("profile", "{}"))
     return out
 
 
@@ -386,7 +377,7 @@ def extrapolate(compute: dict, verbs: dict | None, disk: dict, s: dict) -> list[
             continue
         rows.append((f"extrapolation {model}: separate passes (teacher, then 2 candidate passes reading the store back)",
                      f"{total['separate'] / 60:.0f} min ({'; '.join(terms)})", "<= 45 min"))
-        rows.append((f"extrapolation {model}: fused pass (one weight read per layer, no read-back)",
+        rows.append((f"extrapolation {model}: if fused (not built: teacher and candidates through each layer together, no read-back)",
                      f"{total['fused'] / 60:.0f} min", "<= 45 min"))
     rows.append(("extrapolation formula", "per length L: T = rows/(L-1) x L tokens; pass = T x (layer s/token x F_layers/F_layers,bench + "
                  "head s/token x F_head/F_head,bench); separate = max(teacher, W/disk_read, S/disk_write) + 2 x (max(candidate, "
@@ -418,7 +409,6 @@ def main() -> None:
     ap.add_argument("--verb-seqs", type=int, default=16, help="cuts of 2,048 the verbs run on (store: n x 2,047 x vocab x 4 B)")
     ap.add_argument("--tokens", type=int, default=1 << 20, help="tokens per layer of each compute run")
     ap.add_argument("--lengths", default="2048,8192")
-    ap.add_argument("--fused", action="store_true", help="also run the fused pass (fideval teacher --with-candidates)")
     ap.add_argument("--result", default=None, help="also write the results as JSON here")
     a = ap.parse_args()
     s = dict(SMALL if a.small else V3)
@@ -448,7 +438,7 @@ def main() -> None:
     result["disk"] = disk = disk_rates(work, 1 if a.small else 4)
     print("disk", json.dumps(disk), flush=True)
     if a.part in ("all", "verbs"):
-        result["verbs"] = v = run_verbs(work, ckpt, s, a.verb_seqs, device, a.fused)
+        result["verbs"] = v = run_verbs(work, ckpt, s, a.verb_seqs, device)
         tp, gbs = v["teacher_profile"], v["store_bytes"] / 1e9
         rows += [("verbs: fideval teacher", f"{v['teacher_s']:.1f} s in its process ({tp.get('wall_s', 0):.1f} s run), "
                   f"{v['rows']:,} rows, store {gbs:.1f} GB; settings {v['teacher_block'].get('micro_batch')} / "
@@ -461,10 +451,6 @@ def main() -> None:
             sp = v[f"score_{path}_profile"]
             rows += [(f"verbs: fideval score --config, {path}", f"{v[f'score_{path}_s']:.1f} s, {v[f'score_{path}_rows']:,} rows; "
                       + parts_line(sp), "")]
-        if a.fused:
-            rows += [("verbs: fused pass (teacher + 2 candidate paths)", f"{v['fused_s']:.1f} s against "
-                      f"{v['teacher_s'] + v['score_serving_s'] + v['score_weights-only_s']:.1f} s separate; store bit-identical "
-                      f"{v['fused_identical_store']}", "")]
     compute = {}
     if a.part in ("all", "compute"):
         for L in [int(x) for x in a.lengths.split(",") if x]:
