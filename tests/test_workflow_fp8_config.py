@@ -1,0 +1,95 @@
+"""The shipped full-scale config, `configs/deepseek-v3-mxfp4.yaml`, end to end on a CPU (issue 23).
+
+Its model is replaced by a tiny FP8 DeepSeek-V3 release: the demo model's weights written in the release layout
+(E4M3 weights with float32 `weight_scale_inv` per 128x128 block for every decoder linear, bf16 elsewhere,
+`quantization_config` as DeepSeek ships it; the encoder is tests/fp8_fixtures.py, independent of fideval),
+with the demo's tokenizer. Its Hub datasets (unreachable here) become the demo's local corpora under the same
+domain names, its windows shrink to 256 tokens, and it runs on one CPU process. Everything else is the shipped
+file as it is: the candidate (MXFP4 routed experts, `rceil`) on both paths, both lengths, the calibration
+screen, bfloat16 compute, the report's gates. The oracle is what the run must record: the teacher read the
+weights as released (FP8 E4M3, 128x128 block scales), and every figure of both paths is a real number.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import fp8_fixtures as fx
+import pytest
+import yaml
+
+pytestmark = pytest.mark.slow
+
+ROOT = Path(__file__).resolve().parent.parent
+DEMO = ROOT / "fideval" / "demo" / "assets"
+# the shipped domain names, each on a local demo corpus (the shipped sources are Hub datasets)
+LOCAL = {"web": "prose", "chat": "chat"}
+
+
+def fp8_release_of_the_demo_model(folder: Path) -> Path:
+    import torch
+    from safetensors.torch import load_file, save_file
+
+    folder.mkdir(parents=True)
+    out = {}
+    for k, v in load_file(str(DEMO / "model" / "model.safetensors")).items():
+        if fx.is_quantized(k, v):
+            out[k], out[k + "_scale_inv"] = fx.quantize(v.float())
+        else:
+            out[k] = v.float() if k.endswith("e_score_correction_bias") else v.to(torch.bfloat16)
+    save_file(out, str(folder / "model.safetensors"), metadata={"format": "pt"})
+    cfg = json.loads((DEMO / "model" / "config.json").read_text())
+    cfg.update(quantization_config=fx.QC, dtype="bfloat16")
+    cfg.pop("torch_dtype", None)
+    (folder / "config.json").write_text(json.dumps(cfg, indent=2))
+    for f in DEMO.joinpath("model").iterdir():
+        if f.name.startswith(("tokenizer", "special_tokens", "generation")):
+            shutil.copy(f, folder / f.name)
+    return folder
+
+
+def shipped_config_on(model: Path, path: Path) -> dict:
+    cfg = yaml.safe_load((ROOT / "configs" / "deepseek-v3-mxfp4.yaml").read_text())
+    cfg["model"] = {"path": str(model), "id": "deepseek-ai/DeepSeek-V3", "revision": "local"}
+    domains = []
+    for d in cfg["domains"]:
+        if d["name"] in LOCAL:
+            field = {"messages_field": "messages"} if d.get("kind") == "chat" else {"text_field": "text"}
+            local = {"type": "local", "path": f"demo://corpus/{LOCAL[d['name']]}.jsonl", **field}
+            domains.append({**d, "source": local})
+    cfg["domains"] = domains
+    cfg["windows"].update(window_tokens=256, cut_tokens=128, windows_per_domain=2)
+    cfg["screen"]["calibration"] = [{"type": "local", "path": "demo://calibration/calibration.jsonl", "text_field": "text"}]
+    cfg["teacher"].update(device="cpu", model_parallel=1)
+    cfg["report"]["resamples"] = 200
+    path.write_text(yaml.safe_dump(cfg, sort_keys=False))
+    return cfg
+
+
+def test_shipped_deepseek_v3_config_runs_end_to_end_on_a_tiny_fp8_release(tmp_path):
+    model = fp8_release_of_the_demo_model(tmp_path / "DeepSeek-V3-tiny-fp8")
+    cfg = shipped_config_on(model, tmp_path / "deepseek-v3-mxfp4.yaml")
+    work = tmp_path / "work"
+    work.mkdir()
+    args = [sys.executable, "-m", "snakemake", "--snakefile", str(ROOT / "Snakefile"), "--directory", str(work),
+            "--configfile", str(tmp_path / "deepseek-v3-mxfp4.yaml"), "--cores", "2"]
+    r = subprocess.run(args, capture_output=True, text=True, timeout=900)
+    assert r.returncode == 0, r.stderr[-4000:]
+
+    report = json.loads((work / "reports" / cfg["run"] / "report.json").read_text())
+    teachers = [json.loads(m["meta"]["teacher"]) for m in report["provenance"]["teacher_manifests"]]
+    assert teachers and all("FP8 E4M3, 128x128 block scales" in t["weights"] for t in teachers)
+    assert {t["dtype"] for t in teachers} == {"bfloat16"}
+    results = {(x["path"], x["length"]): x["overall"] for x in report["results"]}
+    assert {p for p, _ in results} == {"serving", "weights-only"} and len({n for _, n in results}) == 2
+    for overall in results.values():
+        kld = overall["mean_kld"]
+        assert math.isfinite(kld["estimate"]) and 0 < kld["estimate"] < 5
+        assert kld["ci"][0] <= kld["estimate"] <= kld["ci"][1]
+        top1 = overall["top1"]["cluster_bca"]["estimate"]
+        assert 0.5 < top1 <= 1
