@@ -1,6 +1,10 @@
 """Bench: the full-size rehearsal of an evaluation on one GPU, through the real verbs.
 
-Run on the GPU machine: ``PYTHONPATH=. python3 bench/evaluation.py`` (``--small`` for a CPU smoke run).
+Run on the GPU machine: ``PYTHONPATH=. python3 bench/evaluation.py`` (``--small`` for a CPU smoke run). The verbs
+need the CLI's own packages (typer, click, rich, shellingham, markdown-it-py, mdurl, pygments, annotated-doc,
+pydantic, pydantic-core, annotated-types, typing-inspection, typing-extensions); a GPU image without them takes
+them as wheels installed with ``pip install --no-index --no-deps --target DIR`` and ``DIR`` on ``PYTHONPATH``
+(the verbs' subprocesses inherit it). polars, snakemake and datasets are not needed by ``teacher`` or ``score``.
 
 What it does, in one run:
 1. Writes a random checkpoint with DeepSeek-V3's real layer shapes in the real FP8 release layout: E4M3
