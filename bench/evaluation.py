@@ -354,8 +354,8 @@ def extrapolate(compute: dict, verbs: dict | None, disk: dict, s: dict) -> list[
             vocab = V3["vocab"] if model == "DeepSeek-V3" else v41["vocab_size"]
             passes = {}
             for role in ("teacher", "candidate"):
-                c = compute.get(f"{role}-{L}") or compute.get(f"{role}-{max(k for k in SEED_ROWS if f'{role}-{k}' in compute)}") \
-                    if compute else None
+                measured = [k for k in SEED_ROWS if f"{role}-{k}" in compute]  # this length, else the longest run
+                c = compute.get(f"{role}-{L}") or (compute[f"{role}-{max(measured)}"] if measured else None)
                 if c is None:
                     continue
                 p = c["profile"]
@@ -413,6 +413,7 @@ def main() -> None:
     ap.add_argument("--verb-seqs", type=int, default=16, help="cuts of 2,048 the verbs run on (store: n x 2,047 x vocab x 4 B)")
     ap.add_argument("--tokens", type=int, default=1 << 20, help="tokens per layer of each compute run")
     ap.add_argument("--lengths", default="2048,8192")
+    ap.add_argument("--deadline", type=float, default=0.0, help="seconds after which no further compute run starts (0: none)")
     ap.add_argument("--result", default=None, help="also write the results as JSON here")
     a = ap.parse_args()
     s = dict(SMALL if a.small else V3)
@@ -441,8 +442,14 @@ def main() -> None:
     result = {"device": torch.cuda.get_device_name() if device == "cuda" else "cpu", "layers": s["layers"]}
     result["disk"] = disk = disk_rates(work, 1 if a.small else 4)
     print("disk", json.dumps(disk), flush=True)
+    v = None
     if a.part in ("all", "verbs"):
-        result["verbs"] = v = run_verbs(work, ckpt, s, a.verb_seqs, device)
+        try:
+            result["verbs"] = v = run_verbs(work, ckpt, s, a.verb_seqs, device)
+        except (SystemExit, Exception) as e:  # a failed verb leaves the compute runs to measure
+            print(e, flush=True)
+            rows.append(("verbs", f"FAILED: {str(e).strip().splitlines()[-1][:300] if str(e).strip() else type(e).__name__}", ""))
+    if v is not None:
         tp, gbs = v["teacher_profile"], v["store_bytes"] / 1e9
         rows += [("verbs: fideval teacher", f"{v['teacher_s']:.1f} s in its process ({tp.get('wall_s', 0):.1f} s run), "
                   f"{v['rows']:,} rows, store {gbs:.1f} GB; settings {v['teacher_block'].get('micro_batch')} / "
@@ -459,7 +466,16 @@ def main() -> None:
     if a.part in ("all", "compute"):
         for L in [int(x) for x in a.lengths.split(",") if x]:
             for role in ("teacher", "candidate"):
-                c = run_compute(ckpt, s, min(L, 256) if a.small else L, a.tokens, device, role == "candidate")
+                if a.deadline and time.perf_counter() - t_all > a.deadline:
+                    rows.append((f"compute {role} L={L}", f"not run: past --deadline {a.deadline:.0f} s", ""))
+                    continue
+                try:
+                    c = run_compute(ckpt, s, min(L, 256) if a.small else L, a.tokens, device, role == "candidate")
+                except Exception as e:  # out of memory at one length still leaves the others
+                    rows.append((f"compute {role} L={L}", f"FAILED: {type(e).__name__}: {str(e).splitlines()[0][:300]}", ""))
+                    if device == "cuda":
+                        torch.cuda.empty_cache()
+                    continue
                 compute[f"{role}-{L}"] = c
                 print(role, L, json.dumps(c, default=str), flush=True)
                 p = c["profile"]
