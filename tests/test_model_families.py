@@ -1,0 +1,148 @@
+"""Every family of fideval.model.families beyond the first seven, against transformers' own full-model forward
+(the oracle), on tiny random configs that exercise its layer types; and what the runner refuses, in one line."""
+
+from __future__ import annotations
+
+import json
+
+import family_fixtures as ff
+import model_fixtures as mf
+import pytest
+import torch
+
+from fideval.errors import FidevalError
+from fideval.model import families
+from fideval.model.adapters import Adapter
+from fideval.model.runner import Runner, RunnerOptions
+
+NAMES = list(ff.configs())
+# the layer types each tiny config must exercise (so a mask rule is really tested, not just present)
+LAYER_TYPES = {
+    "mistral": {"sliding_attention"}, "gemma2": {"sliding_attention", "full_attention"},
+    "gemma3_text": {"sliding_attention", "full_attention"}, "qwen2_moe": {"sliding_attention", "full_attention"},
+    "dots1": {"sliding_attention", "full_attention"}, "llama4_text": {"chunked_attention", "full_attention"},
+    "qwen3_next": {"linear_attention", "full_attention"}, "minimax": {"linear_attention", "full_attention"},
+    "deepseek_v32": {"indexed_attention"},
+}
+
+
+def _build(name, folder, **kw):
+    return mf.build_config(ff.configs()[name], folder, **kw)
+
+
+def _max_diff(out: dict, ref: torch.Tensor) -> float:
+    return max(float((out[k] - ref[k]).abs().max()) for k in range(ref.shape[0]))
+
+
+@pytest.fixture(scope="module")
+def built(tmp_path_factory):
+    """Each family's checkpoint and the oracle's logits, built once for the module's tests."""
+    cache = {}
+
+    def get(name):
+        if name not in cache:
+            folder = _build(name, tmp_path_factory.mktemp(name) / name)
+            toks = mf.tokens(mf.COMMON["vocab_size"], n=3, length=24)
+            cache[name] = folder, toks, mf.reference_logits(folder, toks)
+        return cache[name]
+    return get
+
+
+def test_every_new_family_has_a_fixture():
+    first_seven = {"llama", "qwen2", "qwen3", "mixtral", "qwen3_moe", "deepseek_v3", "gpt_oss"}
+    want = {f.model_type for f in families.FAMILIES.values()} - first_seven
+    assert want == set(NAMES)
+    assert set(mf.configs()) == first_seven
+
+
+@pytest.mark.parametrize("name", NAMES)
+def test_float32_parity(built, name):
+    folder, toks, ref = built(name)
+    runner = Runner(folder, RunnerOptions(micro_batch=2))
+    kinds = {runner.adapter.layer_type(i) for i in range(runner.adapter.n_layers)}
+    assert LAYER_TYPES.get(name, {"full_attention"}) <= kinds
+    out = dict(runner.run(toks))
+    assert sorted(out) == [0, 1, 2]
+    assert float(ref.abs().max()) > 1.0  # logits are not degenerate
+    assert _max_diff(out, ref) <= 1e-5
+    assert runner.canary["identical"]
+
+
+@pytest.mark.parametrize("name", NAMES)
+def test_mlp_over_token_blocks(built, name):
+    """The throughput mode: families whose layers are not two plain halves run whole layers. Blocks of other
+    shapes than the oracle's batch change GEMM and scan shapes, so the bound is relative (qwen3_next's chunked
+    delta rule: 2.3e-5 at |logit| 6, and 0 at the oracle's own composition)."""
+    folder, toks, ref = built(name)
+    out = dict(Runner(folder, RunnerOptions(micro_batch=1, mlp_tokens=48)).run(toks))
+    assert _max_diff(out, ref) <= 1e-5 * float(ref.abs().max())
+    same = dict(Runner(folder, RunnerOptions(micro_batch=3, mlp_tokens=72)).run(toks))
+    assert _max_diff(same, ref) <= 1e-5
+
+
+@pytest.mark.parametrize(("name", "change"), [
+    ("gemma2", {"head": None}), ("gemma3_text", {"embed": None}), ("gemma3_text", {"head": None}),
+    ("granitemoe", {"embed": None}), ("granitemoe", {"head": None}), ("minimax", {"halves": True}),
+])
+def test_each_family_step_is_needed(built, monkeypatch, name, change):
+    """The oracle catches a missing step: without its family's embedding scale, logit finish, rotary per layer type
+    or whole-layer rule, the runner is far off (the failure mode of adding a table row alone)."""
+    import dataclasses
+
+    folder, toks, ref = built(name)
+    arch = next(a for a, f in families.FAMILIES.items() if f.model_type == name)
+    monkeypatch.setitem(families.FAMILIES, arch, dataclasses.replace(families.FAMILIES[arch], **change))
+    opts = RunnerOptions(micro_batch=1, mlp_tokens=48) if "halves" in change else RunnerOptions(micro_batch=2)
+    assert _max_diff(dict(Runner(folder, opts).run(toks)), ref) > 1e-3
+
+
+def _config(tmp_path, **cfg):
+    d = tmp_path / "m"
+    d.mkdir(exist_ok=True)
+    (d / "config.json").write_text(json.dumps(cfg))
+    return d
+
+
+def _refusal(d) -> str:
+    cfg = json.loads((d / "config.json").read_text())
+    with pytest.raises(FidevalError) as e:
+        Adapter.from_config(cfg, d, d / "config.json")
+    msg = str(e.value)
+    assert "\n" not in msg and str(d / "config.json") in msg
+    return msg
+
+
+def test_refused_architecture_names_the_feature(tmp_path):
+    d = _config(tmp_path, architectures=["DeepseekV4ForCausalLM"], model_type="deepseek_v4")
+    assert "hyper-connections" in _refusal(d)
+    d = _config(tmp_path, architectures=["Gemma3ForConditionalGeneration"], model_type="gemma3")
+    assert "multimodal" in _refusal(d)
+
+
+def test_unknown_architecture_lists_the_supported(tmp_path):
+    msg = _refusal(_config(tmp_path, architectures=["FalconMambaForCausalLM"], model_type="falcon_mamba"))
+    assert "not supported" in msg and "Qwen3NextForCausalLM" in msg
+
+
+def test_unknown_layer_type_is_refused_in_one_line(tmp_path, monkeypatch):
+    """A layer type no mask rule covers (transformers' config validator lets only its own names through, so the
+    rule for linear attention is taken away to stand for a type a newer transformers adds)."""
+    folder = _build("qwen3_next", tmp_path / "q")
+    monkeypatch.delitem(families.MASKS, "linear_attention")
+    with pytest.raises(FidevalError) as e:
+        Runner(folder)
+    assert "layer type 'linear_attention' is not supported" in str(e.value) and "\n" not in str(e.value)
+
+
+def test_refused_setting_names_it(tmp_path):
+    folder = _build("gemma3_text", tmp_path / "g")
+    mf.set_config(folder, use_bidirectional_attention=True)
+    with pytest.raises(FidevalError, match="use_bidirectional_attention=True .bidirectional attention."):
+        Runner(folder)
+
+
+def test_docs_family_table_is_generated_from_the_table():
+    text = families.DOC.read_text()
+    assert families.render(text) == text, "docs/runner.md is stale: run python -m fideval.model.families"
+    for arch in list(families.FAMILIES) + list(families.REFUSED):
+        assert f"`{arch}`" in text
