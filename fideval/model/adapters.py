@@ -150,7 +150,10 @@ class Adapter:
         if attn_implementation is None:
             attn_implementation = "sdpa" if getattr(model_cls, "_supports_sdpa", False) else "eager"
         config._attn_implementation = attn_implementation
-        if getattr(config, "_experts_implementation", None) in (None, "eager"):
+        # explicit: a layer built outside PreTrainedModel would fall back to eager experts; only where the model
+        # class has experts whose implementation can be set (transformers refuses the setting elsewhere)
+        can_set = getattr(model_cls, "_can_set_experts_implementation", None)
+        if getattr(config, "_experts_implementation", None) in (None, "eager") and (can_set is None or can_set()):
             config._experts_implementation = "grouped_mm"
         keep = tuple(getattr(model_cls, "_keep_in_fp32_modules", None) or ()) + \
             tuple(getattr(model_cls, "_keep_in_fp32_modules_strict", None) or ())
