@@ -98,7 +98,7 @@ def test_each_family_step_is_needed(built, monkeypatch, name, change):
 
 def _config(tmp_path, **cfg):
     d = tmp_path / "m"
-    d.mkdir(exist_ok=True)
+    d.mkdir(parents=True, exist_ok=True)
     (d / "config.json").write_text(json.dumps(cfg))
     return d
 
@@ -146,3 +146,25 @@ def test_docs_family_table_is_generated_from_the_table():
     assert families.render(text) == text, "docs/runner.md is stale: run python -m fideval.model.families"
     for arch in list(families.FAMILIES) + list(families.REFUSED):
         assert f"`{arch}`" in text
+
+
+def test_experts_implementation_is_set_explicitly(tmp_path):
+    """Layers built outside PreTrainedModel read the config's experts implementation: grouped_mm is set where the
+    model class takes the setting (its routed experts), left alone where transformers refuses it (Gemma 2, Llama 4)."""
+    for name, want in (("qwen2_moe", "grouped_mm"), ("olmoe", "grouped_mm"), ("glm4_moe", "grouped_mm"),
+                       ("gemma2", None), ("llama4_text", None)):
+        cfg = ff.configs()[name].to_dict()
+        arch = next(a for a, f in families.FAMILIES.items() if f.model_type == name)
+        d = _config(tmp_path / name, **{**cfg, "architectures": [arch]})
+        got = getattr(Adapter.from_config(cfg | {"architectures": [arch]}, d, d / "config.json").config,
+                      "_experts_implementation", None)
+        assert got == want if want else got in (None, "eager"), (name, got)
+
+
+@pytest.mark.parametrize("name", ["gemma2", "qwen3_next", "glm4_moe"])
+def test_bfloat16_difference(built, name):
+    """bf16 layers vs transformers in bf16: a few bf16 ulps of the largest logit (our lm head is float32)."""
+    folder, toks, _ = built(name)
+    ref = mf.reference_logits(folder, toks, torch.bfloat16)
+    out = dict(Runner(folder, RunnerOptions(micro_batch=3, dtype=torch.bfloat16)).run(toks))
+    assert _max_diff(out, ref) <= 4 * 2.0**-8 * float(ref.abs().max())
