@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 import family_fixtures as ff
 import model_fixtures as mf
@@ -71,3 +72,13 @@ def test_model_or_config_exactly_one(tmp_path):
 
 def test_not_a_checkpoint_is_one_line(tmp_path):
     assert "config.json" in run_fideval("selftest", "--model", tmp_path, "--device", "cpu").error()
+
+
+def test_config_gives_the_model_device_and_dtype(tmp_path):
+    """What the workflow's selftest rule runs: the config's model (demo://model), teacher dtype, --device given."""
+    out = tmp_path / "s.json"
+    r = run_fideval("selftest", "--config", Path(__file__).resolve().parents[1] / "configs" / "demo.yaml", "--device", "cpu",
+                    "--sequences", "1", "--length", "16", "--out", out)
+    assert r.code == 0, r.stderr
+    got = json.loads(out.read_text())
+    assert got["passed"] and got["model"].endswith("model") and got["dtype"] == "float32"
