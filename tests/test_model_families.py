@@ -194,3 +194,23 @@ def test_model_parallel_two_ranks_match_one(tmp_path):
         assert np.array_equal(a, b)
         bound = 1e-5 * float(np.abs(ref).max()) if MOE_FAMILIES[j] == "qwen3_next" else BOUND
         assert float(np.abs(a - ref).max()) <= bound, (MOE_FAMILIES[j], float(np.abs(a - ref).max()))
+
+
+@pytest.mark.parametrize("name", NAMES)
+def test_sizing_counts_the_layers_transformers_builds(name):
+    """fideval.model.flops' layer parameters (what the GPU sizing budgets for a resident layer) against the
+    parameters of transformers' own decoder layers: within 20 % for every family (attention is counted as standard:
+    MiniMax's lightning-attention layers are the farthest, 18 % under), and MoE FLOPs counted for MoE families."""
+    import importlib
+
+    from fideval.model.flops import flops_per_token, layer_params
+
+    cfg = ff.configs()[name]
+    fam = next(f for f in families.FAMILIES.values() if f.model_type == name)
+    modeling = importlib.import_module(f"transformers.models.{fam.package}.modeling_{fam.package}")
+    with torch.device("meta"):
+        real = [sum(p.numel() for p in getattr(modeling, fam.prefix + "DecoderLayer")(cfg, i).parameters())
+                for i in range(cfg.num_hidden_layers)]
+    est = layer_params(cfg)
+    assert all(abs(e - r) <= 0.2 * r for e, r in zip(est, real, strict=True)), (est, real)
+    assert (flops_per_token(cfg, 16)["moe"] > 0) == (name in MOE_FAMILIES)
