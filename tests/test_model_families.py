@@ -50,7 +50,11 @@ def built(tmp_path_factory):
 
 def test_every_new_family_has_a_fixture():
     first_seven = {"llama", "qwen2", "qwen3", "mixtral", "qwen3_moe", "deepseek_v3", "gpt_oss"}
-    want = {f.model_type for f in families.FAMILIES.values()} - first_seven
+    import importlib.util
+
+    installed = {f.model_type for f in families.FAMILIES.values()
+                 if importlib.util.find_spec(f"transformers.models.{f.package}") is not None}
+    want = installed - first_seven  # a transformers without a family (5.17 may lack some) cannot test it
     assert want == set(NAMES)
     assert set(mf.configs()) == first_seven
 

@@ -80,10 +80,17 @@ def check_features(arch: str, config, where) -> None:
         if model_type == family.model_type and getattr(config, key, None) == value:
             raise FidevalError(f"{where}: {key}={value!r} ({feature}) is not supported by the layer-major runner",
                                hint="the runner could not reproduce transformers' forward exactly (docs/runner.md)")
+    from transformers import masking_utils
+
     for t in sorted(set(getattr(config, "layer_types", None) or ())):
         if t not in MASKS:
             raise FidevalError(f"{where}: layer type {t!r} is not supported by the layer-major runner",
                                hint="known layer types: " + ", ".join(MASKS))
+        if MASKS[t] is not None and not hasattr(masking_utils, MASKS[t]):
+            import transformers
+
+            raise FidevalError(f"{where}: layer type {t!r} needs transformers' {MASKS[t]}, which transformers "
+                               f"{transformers.__version__} does not have", hint="upgrade transformers (tested with 5.25)")
 
 
 def model_config(cfg: dict, config_dir, where):
