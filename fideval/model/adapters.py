@@ -10,8 +10,9 @@ what the full model's ``forward`` and ``from_pretrained`` would otherwise do for
   the per-expert layout on load; its ``save_pretrained`` writes the per-expert layout back
   (``mlp.experts.<e>.gate_proj.weight``, as on the Hub for DeepSeek-V3 and Qwen3-MoE; Mixtral's Hub
   layout is ``block_sparse_moe.experts.<e>.w1/w3/w2``). gpt-oss is stored fused. We accept all three.
-* the model-level forward: position ids ``arange(L)``, one rotary module for all layers, the causal (or
-  sliding-window, per ``config.layer_types``) mask from transformers' own mask utilities.
+* the model-level forward, per family (:mod:`fideval.model.families`, the table of what the runner runs and
+  refuses): position ids ``arange(L)``, the rotary module (once, or per layer type), the mask of each layer
+  type from transformers' own mask utilities, the embedding scale and the logits' finish.
 * FP8 releases (:mod:`fideval.model.fp8_release`): fp8 weights and their block scales are read as stored
   (per-expert ones stacked into the fused layout, scales alongside), moved to the device as
   :class:`~fideval.model.fp8_release.Packed` and dequantized there in :meth:`Adapter.materialize`.
