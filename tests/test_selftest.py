@@ -14,7 +14,7 @@ from cli_runner import run_fideval
 
 from fideval.config import DEMO_ROOT
 from fideval.model.adapters import Adapter
-from fideval.model.selftest import kld_rows, run_selftest, tolerance
+from fideval.model.selftest import kld_rows, tolerance
 
 DEMO = DEMO_ROOT / "model"
 
@@ -33,8 +33,11 @@ def test_demo_model_passes_and_prints_its_table(tmp_path):
 @pytest.mark.parametrize("name", ["gemma2", "qwen3_next", "llama4_text"])
 def test_tiny_models_of_three_families_pass(tmp_path, name):
     folder = mf.build_config(ff.configs()[name], tmp_path / name)
-    r = run_selftest(folder, device="cpu", sequences=2, length=24)
+    res = run_fideval("selftest", "--model", folder, "--device", "cpu", "--sequences", "2", "--length", "24", "--json")
+    assert res.code == 0, res.stderr
+    r = json.loads(res.stdout[:res.stdout.rindex("}") + 1])
     assert r["passed"] and r["max_abs_delta"] <= 1e-5 and r["max_abs_logit"] > 1.0
+    assert res.stdout.rstrip().endswith("selftest passed")
 
 
 def test_a_planted_mismatch_fails_in_one_line(monkeypatch):
