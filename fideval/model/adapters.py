@@ -232,13 +232,18 @@ class Adapter:
         from transformers import masking_utils as mu
 
         params = inspect.signature(mu.create_causal_mask).parameters
-        kw = {"config": self.config, "inputs_embeds": hidden, "attention_mask": None, "position_ids": position_ids,
-              **dict(self.family.mask_kw)}
+        kw = {"config": self.config, "inputs_embeds": hidden, "attention_mask": None, "position_ids": position_ids}
         kw["cache" if "cache" in params else "past_key_values"] = None
         out = {}
         for kind in sorted({self.layer_type(i) for i in range(self.n_layers)}):
             fn = MASKS[kind]
-            out[kind] = getattr(mu, fn)(**kw) if fn is not None else None
+            if fn is None:
+                out[kind] = None
+                continue
+            f = getattr(mu, fn)
+            accepted = inspect.signature(f).parameters
+            extra = {k: v for k, v in self.family.mask_kw if k in accepted or "kwargs" in accepted}
+            out[kind] = f(**kw, **extra)
         return out
 
     def layer_type(self, i: int) -> str:
