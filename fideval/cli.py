@@ -12,7 +12,7 @@ import sys
 
 import typer
 
-from fideval.commands import config_cmd, quant, report, score, store, teacher, windows
+from fideval.commands import config_cmd, quant, report, score, selftest, store, teacher, windows
 from fideval.errors import FidevalError
 
 app = typer.Typer(
@@ -29,6 +29,7 @@ VERBS = [
     (None, "schema", config_cmd.schema),
     (None, "windows", windows.windows),
     (None, "screen", windows.screen),
+    (None, "selftest", selftest.selftest),
     (None, "teacher", teacher.teacher),
     (None, "verify", store.verify),
     (None, "import-llamacpp", store.import_llamacpp_cmd),

@@ -137,7 +137,7 @@ def _model_with_config(models, tmp_path, **edit) -> Path:
 def test_architecture_the_runner_does_not_support(models, tmp_path):
     m = _model_with_config(models, tmp_path, architectures=["GPT2LMHeadModel"])
     refused(config(tmp_path, m), "model.path", f"{m / 'config.json'}: architecture 'GPT2LMHeadModel' is not supported",
-            "supported: DeepseekV3ForCausalLM")
+            "supported: DeepseekV2ForCausalLM, DeepseekV32ForCausalLM, DeepseekV3ForCausalLM")
 
 
 def test_config_transformers_cannot_build(models, tmp_path):

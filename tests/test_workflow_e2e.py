@@ -43,7 +43,7 @@ VOLATILE = {"tool", "git_commit", "score_sha256", "profile", "manifest_sha256"}
 
 
 def tiny_config(path: Path) -> Path:
-    """A config one full run of which is 17 small jobs: 2 demo domains x 2 windows of 256 tokens cut into
+    """A config one full run of which is 18 small jobs (the selftest among them): 2 demo domains x 2 windows of 256 tokens cut into
     2 x 128, both lengths, one weights-only MXFP4 candidate, no calibration screen, B = 200."""
     source = "{{type: local, path: demo://corpus/{}.jsonl, text_field: text}}"
     domains = "\n".join(f"  - name: {d}\n    source: {source.format(d)}" for d in DOMAINS)
