@@ -247,7 +247,8 @@ def store_shards(reader: Any, seq_ids: Iterable[str], device: Any = None, prefet
         yield CandidateShard(sid, logits, tokens, reader.row_start(sid))
 
 
-def from_store(reader: Any, teacher: Any, name: str, path: str = "store", device: Any = None) -> Candidate:
+def from_store(reader: Any, teacher: Any, name: str, path: str = "store", device: Any = None,
+               spec: Any = None) -> Candidate:
     """A candidate logit store (a StoreReader), checked against the teacher: same vocabulary, a shard for
     every teacher sequence. Its shards come in the teacher's order, so a GPU run streams both side by side."""
     where = f"--candidate {reader.root}"
@@ -259,7 +260,20 @@ def from_store(reader: Any, teacher: Any, name: str, path: str = "store", device
         raise FidevalError(f"{where}: no shard for {len(missing)} teacher sequences (first {missing[0]!r})",
                            hint="make the candidate store from the same windows")
     order = list(teacher.seq_ids)
-    return Candidate(name=name, path=path, shards=store_shards(reader, order, device), order=order)
+    return Candidate(name=name, path=path, shards=store_shards(reader, order, device), order=order,
+                     info=store_identity(reader, spec))
+
+
+def store_identity(reader: Any, spec: Any = None) -> dict[str, Any]:
+    """score.json's candidate_info for a candidate logit store: the store as given, its manifest's SHA-256 (the
+    hash that covers every shard's), and the model, revision and kind its manifest records."""
+    from fideval.fsio import sha256_file
+
+    man = Path(reader.root) / "manifest.json"
+    meta = reader.meta or {}
+    return {"source": "store", "store": str(spec if spec is not None else reader.root),
+            "manifest_sha256": sha256_file(man) if man.exists() else None, "model_id": meta.get("model_id"),
+            "model_revision": meta.get("model_revision"), "kind": meta.get("kind")}
 
 
 def teacher_shards(teacher: Any, seq_ids: Iterable[str]) -> Iterator[CandidateShard]:
@@ -298,4 +312,4 @@ def select(teacher: Any, spec: str | None, path: str, settings: Any, *, cfg: Any
 
     dev, _ = pick(settings.device, settings.kernel)
     return from_store(StoreReader(resolve_store(spec)), teacher, name or Path(str(spec).rstrip("/")).name, path,
-                      device=dev if dev.type == "cuda" else None)
+                      device=dev if dev.type == "cuda" else None, spec=spec)

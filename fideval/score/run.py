@@ -212,7 +212,7 @@ def _teacher_block(teacher: Any, store: str | None) -> TeacherRef:
     man = Path(teacher.root) / "manifest.json"
     return TeacherRef(store=str(store if store is not None else teacher.root), model_id=teacher.meta.get("model_id"),
                       model_revision=teacher.meta.get("model_revision"),
-                      manifest_sha256=sha256_file(man) if man.exists() else None)
+                      manifest_sha256=sha256_file(man) if man.exists() else None, kind=teacher.meta.get("kind"))
 
 
 def self_check(teacher: Any, *, device: str = "auto", kernel: str = "auto") -> dict[str, Any]:
