@@ -8,12 +8,13 @@ A :class:`~fideval.errors.FidevalError` becomes one line on stderr and exit stat
 
 from __future__ import annotations
 
+import functools
 import sys
 
 import typer
 
 from fideval.commands import config_cmd, quant, report, score, store, teacher, windows
-from fideval.errors import FidevalError
+from fideval.errors import FidevalError, Interrupted
 
 app = typer.Typer(
     name="fideval",
@@ -42,9 +43,25 @@ VERBS = [
 GROUPS = {"quant": quant.HELP}
 
 
+def _interruptible(verb: str, fn):
+    """Ctrl-C as one line: typer turns KeyboardInterrupt into a silent exit 130, so each verb turns it into
+    :class:`Interrupted` first (a verb that knows more, as ``score`` does, raises its own)."""
+
+    @functools.wraps(fn)
+    def run(*args, **kwargs):
+        try:
+            return fn(*args, **kwargs)
+        except KeyboardInterrupt:
+            raise Interrupted(f"{verb} interrupted: finished files are kept, the partial one was discarded",
+                              hint="run the same command again to resume") from None
+
+    return run
+
+
 def _register() -> None:
     groups: dict[str, typer.Typer] = {}
     for group, verb, fn in VERBS:
+        fn = _interruptible(verb, fn)
         if group is None:
             app.command(verb)(fn)
             continue
@@ -60,11 +77,14 @@ _register()
 def main() -> None:
     try:
         app()
+    except Interrupted as e:
+        print(f"fideval: {e.line()}", file=sys.stderr)
+        sys.exit(130)
     except FidevalError as e:
         print(f"fideval: error: {e.line()}", file=sys.stderr)
         sys.exit(2)
-    except KeyboardInterrupt:
-        print("fideval: interrupted; finished files are kept, the partial one was discarded", file=sys.stderr)
+    except KeyboardInterrupt:  # between verbs' own handling (while importing, parsing options)
+        print("fideval: interrupted", file=sys.stderr)
         sys.exit(130)
 
 

@@ -81,8 +81,8 @@ def check(
 ) -> None:
     """Exit non-zero when an integrity check failed or did not run, or a fidelity gate is exceeded (one line each).
 
-    Gates: the options, else --config's report.gates, else the gates recorded in the report. A not_run check
-    fails unless named by --allow-not-run."""
+    Gates: the options, else --config's report.gates, else the gates recorded in the report; a check that did
+    not run fails unless --allow-not-run names it."""
     from fideval.config import load_config
     from fideval.fsio import write_text
     from fideval.report.schema import load_report

@@ -33,6 +33,7 @@ def score(
 ) -> None:
     """Score candidate logits against the teacher's in float64 over the full vocabulary."""
     from fideval.config import load_config
+    from fideval.fsio import remove_temps
     from fideval.lock import output_lock
     from fideval.score.candidate import select
     from fideval.score.run import ScoreSettings, score_candidate
@@ -47,6 +48,7 @@ def score(
     t = StoreReader(resolve_store(teacher))
     cand = select(t, candidate, path, settings, cfg=cfg, name=name, self_check=self_check)
     with output_lock(out, "score"):
+        remove_temps(out)  # temp files of a killed run (we hold the lock: nobody else is writing them)
         s = score_candidate(t, cand, out, settings, self_check_first=self_check and not cand.is_teacher, teacher_spec=teacher)
     from fideval.model.accounting import line
 
