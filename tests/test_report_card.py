@@ -162,6 +162,24 @@ def test_card_is_byte_identical(report_dir, tmp_path):
     assert outs[0] == outs[1]
 
 
+def test_results_page_holds_the_card_tables(report_dir, tmp_path):
+    """`--html`: the card's tables as HTML (snakemake --report's results page), no YAML, no plots, stable."""
+    pages = []
+    for k in range(2):
+        code, _, err = run_fideval("card", str(report_dir), "--out", str(tmp_path / "README.md"), "--candidate", "q4",
+                                   "--html", str(tmp_path / f"results{k}.html"))
+        assert code == 0, err
+        pages.append((tmp_path / f"results{k}.html").read_text())
+    page = pages[0]
+    assert pages[0] == pages[1] and page.startswith("<!DOCTYPE html>")
+    rep = json.loads((report_dir / "report.json").read_text())
+    for r in (r for r in rep["results"] if r["candidate"] == "q4"):
+        m = r["overall"]["mean_kld"]
+        assert f"<td>{r['path']}</td>\n<td>{m['estimate']:.4g} [{m['ci'][0]:.4g}, {m['ci'][1]:.4g}]</td>" in page
+    assert "<h3>128 tokens</h3>" in page and "<h2>Integrity checks</h2>" in page
+    assert "model-index" not in page and "<img" not in page and "Plots" not in page
+
+
 def test_user_template_replaces_body(report_dir, tmp_path):
     t = tmp_path / "body.md.j2"
     t.write_text("# {{ card.candidate }}\n\nmean KLD {{ card.headline[0].mean }}\n")

@@ -50,6 +50,8 @@ def card(
         "--registry", help="x_fidelity.registry: the registry the card is filed with (default: none)")] = None,
     lane: Annotated[str | None, typer.Option(
         "--lane", help="x_fidelity.lane: the registry's lane the build is filed under (default: none)")] = None,
+    html: Annotated[Path | None, typer.Option(
+        "--html", help="also write the card's tables as an HTML page (snakemake --report's results page)")] = None,
 ) -> None:
     """Write the model card: model-index YAML + x_fidelity provenance + fidelity tables and plots."""
     from fideval.config import resolve_path
@@ -61,9 +63,16 @@ def card(
     rep = load_report(path)
     if template is None and rep["settings"].get("card_template"):
         template = resolve_path(rep["settings"]["card_template"])
-    write_text(out, render(rep, report_path=path, out_path=out, candidate=candidate, template=template,
-                                registry=registry, lane=lane))
+    text = render(rep, report_path=path, out_path=out, candidate=candidate, template=template, registry=registry,
+                  lane=lane)
+    write_text(out, text)
     typer.echo(f"{out}: model card written")
+    if html is not None:
+        from fideval.report.card import pick_candidate
+        from fideval.report.results_page import page
+
+        write_text(html, page(text, f"fideval results: {pick_candidate(rep, candidate)}"))
+        typer.echo(f"{html}: results page written")
 
 
 def check(
