@@ -17,7 +17,8 @@ A rerun reuses a shard only when its sidecar's key equals the key it would compu
 matches; anything else is scored again and overwritten. The finished records.parquet is assembled from the
 per-shard files in the teacher's order (one row group per shard, as before), so an interrupted-then-resumed
 run writes the same bytes as an uninterrupted one; the folder is removed once records.parquet and score.json
-are in place.
+are in place. A run that fails with an error (a CPU-check failure, non-finite logits) removes it: its inputs
+must change before a rerun, and with them every key.
 """
 
 from __future__ import annotations

@@ -6,7 +6,7 @@ on the fly; :class:`ScoreSettings` says how (device, kernel, CPU check, non-fini
 checks (vocab, token ids, non-finite rows) before any scoring, the fast scorer (Triton on CUDA, else
 torch), the numpy float64 reference on sampled rows, one Parquet row group. Each scored shard is kept at
 once in ``records.partial/`` (fideval.score.resume), so an interrupted run resumes where it stopped;
-records.parquet appears only when every shard passed, and a run that fails its CPU check keeps nothing.
+records.parquet appears only when every shard passed, and a run that fails (CPU check, bad logits) keeps nothing.
 
 Host memory. On a GPU, a candidate store and the teacher are streamed side by side (``StoreReader.iter``,
 one page-locked buffer each, the next shard read while this one is scored), so a store-against-store run
@@ -341,8 +341,10 @@ def score_candidate(teacher: Any, candidate: Candidate, out_dir: str | Path, set
                 checked_self = _self_result(run, kernel)
             with tl.part("records"):
                 cache.assemble(out_dir, ids, {sid for sid in ids if int(stats[sid]["rows"]) > 0})
-    except KernelMismatch:
-        cache.clear()  # the kernel is wrong on this device: nothing it scored is kept
+    except FidevalError:
+        # a failed run keeps nothing (a wrong kernel, bad logits: its inputs must change before a rerun, and
+        # so would every key); an interrupted or killed one keeps what it scored
+        cache.clear()
         raise
     except KeyboardInterrupt:
         kept = sum(cache.load(sid, keys[sid]) is not None for sid in ids)
