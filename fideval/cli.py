@@ -43,17 +43,25 @@ VERBS = [
 GROUPS = {"quant": quant.HELP}
 
 
+# Verbs whose output is written shard by shard and resumed by a rerun (the store writer); every other verb
+# writes through a temp name and a rename, so an interrupted one leaves its previous output as it was.
+RESUMABLE = {"teacher", "import-llamacpp"}
+
+
 def _interruptible(verb: str, fn):
     """Ctrl-C as one line: typer turns KeyboardInterrupt into a silent exit 130, so each verb turns it into
-    :class:`Interrupted` first (a verb that knows more, as ``score`` does, raises its own)."""
+    :class:`Interrupted` first, saying what was kept (``score`` raises its own, with the shards it kept)."""
 
     @functools.wraps(fn)
     def run(*args, **kwargs):
         try:
             return fn(*args, **kwargs)
         except KeyboardInterrupt:
-            raise Interrupted(f"{verb} interrupted: finished files are kept, the partial one was discarded",
-                              hint="run the same command again to resume") from None
+            if verb in RESUMABLE:
+                raise Interrupted(f"{verb} interrupted: the finished shards are kept, the partial one was discarded",
+                                  hint="run the same command again to resume: finished shards are skipped") from None
+            raise Interrupted(f"{verb} interrupted: nothing partial was kept, earlier output is as it was",
+                              hint="run the same command again") from None
 
     return run
 

@@ -169,3 +169,22 @@ def test_ctrl_c_on_a_terminal_keeps_the_scored_shards(taught, tmp_path):  # noqa
     whole = _score_config(taught, "whole-pty")
     assert whole.code == 0
     assert (out / "records.parquet").read_bytes() == (taught["tmp"] / "whole-pty" / "records.parquet").read_bytes()
+
+
+@pytest.mark.parametrize(("verb", "patch", "line"), [
+    (["check", "reports/demo/report.json"], "fideval.report.verdict.failures",
+     "fideval: check interrupted: nothing partial was kept, earlier output is as it was (run the same command again)"),
+    (["teacher", "--model", "m", "--windows", "w", "--out", "o"], "fideval.model.teacher.sequence_folders",
+     "fideval: teacher interrupted: the finished shards are kept, the partial one was discarded "
+     "(run the same command again to resume: finished shards are skipped)"),
+])
+def test_ctrl_c_in_any_verb_is_one_line(verb, patch, line, monkeypatch):
+    """Typer turns Ctrl-C into a silent exit 130; every verb says instead what was kept, in one line."""
+    from pathlib import Path
+
+    def interrupted(*a, **k):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(patch, interrupted)
+    res = run_fideval(*verb, cwd=Path(__file__).resolve().parent.parent)
+    assert res.code == 130 and res.stderr == line + "\n"
