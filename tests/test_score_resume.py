@@ -188,3 +188,27 @@ def test_ctrl_c_in_any_verb_is_one_line(verb, patch, line, monkeypatch):
     monkeypatch.setattr(patch, interrupted)
     res = run_fideval(*verb, cwd=Path(__file__).resolve().parent.parent)
     assert res.code == 130 and res.stderr == line + "\n"
+
+
+def test_other_torchrun_ranks_run_the_same_shards_and_write_nothing(stores, monkeypatch):  # noqa: F811
+    """Under torchrun every rank runs the model (its collectives) but rank 0 alone scores, writes and locks;
+    the others skip exactly the shards rank 0 kept, so both compute the same chunks."""
+    from fideval.score.candidate import from_store
+    from fideval.store import StoreReader
+
+    out = stores["tmp"] / "ranks"
+    args = ["--teacher", stores["teacher"], "--candidate", stores["candidate"], "--device", "cpu", "--out", out]
+    with monkeypatch.context() as m:
+        _interrupt_after(m, 1)
+        assert run_fideval("score", *args).code == 130
+    before = sorted(p.name for p in out.rglob("*"))
+    teacher = StoreReader(stores["teacher"])
+    cand = from_store(StoreReader(stores["candidate"]), teacher, "cand", spec=str(stores["candidate"]))  # as the CLI names it
+    seen, inner = [], cand.shards
+    cand.shards = (seen.append(s.seq_id) or s for s in inner)
+    monkeypatch.setenv("RANK", "1")
+    assert score_run.score_candidate(teacher, cand, out, score_run.ScoreSettings(device="cpu")) == {}
+    assert seen == teacher.seq_ids[1:]  # rank 0 kept the first shard: this rank skips it too
+    assert sorted(p.name for p in out.rglob("*")) == before  # and writes nothing
+    res = run_fideval("score", *args)  # rank 1 of a CLI run: no lock taken, no line printed, nothing written
+    assert res.code == 0 and res.stdout == "" and sorted(p.name for p in out.rglob("*")) == before

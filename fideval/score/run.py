@@ -17,6 +17,7 @@ float64 temporaries are capped at half a shard. A model run's teacher shards are
 
 from __future__ import annotations
 
+import os
 import sys
 import time
 from contextlib import nullcontext
@@ -302,12 +303,19 @@ def score_candidate(teacher: Any, candidate: Candidate, out_dir: str | Path, set
     for sid in ids:
         if (kept := cache.load(sid, keys[sid])) is not None:
             stats[sid] = kept
-    if stats:
+    if stats and os.environ.get("RANK", "0") == "0":
         print(f"score {candidate.name}: {len(stats)} of {len(ids)} shards already scored from the same inputs "
               f"({cache.dir}), scoring the other {len(ids) - len(stats)}", file=sys.stderr, flush=True)
     candidate.skip.update(stats)  # the model runner reads it when it starts; store shards are filtered here
     if candidate.pending is not None:
         candidate.pending[:] = [sid for sid in candidate.pending if sid not in stats]
+    if os.environ.get("RANK", "0") != "0":
+        # under torchrun every rank runs the model (collectives) and yields the same logits; rank 0 alone scores
+        # and writes. The other ranks skip what rank 0 skips (the same kept shards, read before any is added).
+        if len(stats) < len(ids):
+            for _ in candidate.shards:
+                pass
+        return {}
     order = candidate.order  # a store's: the same list as ``pending``, so without the shards already scored
     feed = TeacherFeed(teacher, list(order), dev) if order and dev.type == "cuda" else None
     run = _Run(teacher, dev, kernel, settings, feed, tl)
