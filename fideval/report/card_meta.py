@@ -170,10 +170,10 @@ def eval_results(report: dict[str, Any], candidate: str) -> list[Any]:
                                   metric_args={**KLD_ARGS, "statistic": stat, **_interval(q),
                                                "quantile_method": q["quantile_method"]}))
         t = o["top1"]
+        shown = t if "ci" in t else {**t["wilson"], "estimate": t["estimate"]}  # the report's default interval, else Wilson
         out.append(EvalResult(**common, metric_type="top1_agreement", metric_name="Top-1 agreement with reference",
                               metric_value=float(t["estimate"]),
-                              metric_args={**TOP1_ARGS, **_interval({**t["wilson"], "estimate": t["estimate"]}),
-                                           "rows": int(t["rows"])}))
+                              metric_args={**TOP1_ARGS, **_interval(shown), "rows": int(t["rows"])}))
     return out
 
 

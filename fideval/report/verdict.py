@@ -3,9 +3,9 @@
 A check that did not run vouches for nothing, so it fails the verdict unless the caller names it (or
 ``all``) as allowed: a CI gate must not print ``ok`` over a report whose self-check, canary or windows
 match were never looked at. Gates come in two kinds: on the point estimate (``--max-mean-kld``,
-``--min-top1``) and on the interval the card prints (``--max-mean-kld-upper``: the BCa upper bound of the
-mean KLD; ``--min-top1-lower``: the Wilson lower bound of top-1 agreement), which is the claim a
-published card makes: with 95 % confidence the build is at least this close.
+``--min-top1``) and on the interval the card prints (``--max-mean-kld-upper``: the upper bound of the mean
+KLD's interval, cluster BCa in a version 1 report; ``--min-top1-lower``: the lower bound of top-1 agreement's,
+Wilson), which is the claim a published card makes: with 95 % confidence the build is at least this close.
 """
 
 from __future__ import annotations
@@ -50,7 +50,8 @@ def bound_failures(report: dict[str, Any], bounds: Bounds) -> list[str]:
         if bounds.max_mean_kld_upper is not None and m["ci"][1] > bounds.max_mean_kld_upper:
             lines.append(f"gate mean_kld_upper_max failed: {who} mean KLD {100 * m['confidence']:g} % upper bound "
                          f"{m['ci'][1]:.6g} > {bounds.max_mean_kld_upper:g} (estimate {m['estimate']:.6g})")
-        w = r["overall"]["top1"]["wilson"]
+        t = r["overall"]["top1"]
+        w = t if "ci" in t else t["wilson"]  # the interval the card prints: the report's default, else Wilson
         if bounds.min_top1_lower is not None and w["ci"][0] < bounds.min_top1_lower:
             lines.append(f"gate top1_lower_min failed: {who} top-1 agreement {100 * w['confidence']:g} % lower bound "
                          f"{w['ci'][0]:.6g} < {bounds.min_top1_lower:g} (estimate {r['overall']['top1']['estimate']:.6g})")
