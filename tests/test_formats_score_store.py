@@ -13,7 +13,7 @@ from fideval.formats.score import ScoreSummary
 from fideval.store.manifest import read_manifest
 
 SCORE = {"format": "fideval.score", "version": 1, "candidate": "q4", "path": "store", "length": 64, "rows": 126,
-         "teacher": {"store": "t", "model_id": "org/m", "model_revision": "abc", "manifest_sha256": None},
+         "teacher": {"store": "t", "model_id": "org/m", "model_revision": "abc", "manifest_sha256": None, "kind": "logits"},
          "cpu_check": {"rows_checked": 4, "max_rel_diff": 1e-14, "tolerance": 2e-12, "every": 1000, "worst": None},
          "self_check": None, "nonfinite_rows": 0, "on_nonfinite": "fail", "device": "cpu", "kernel": "torch",
          "figures": ["kld"], "records": "records.parquet", "candidate_info": None, "tool": {"name": "fideval"},

@@ -379,12 +379,15 @@ class Runner:
 
 
 def iter_logits(weights: WeightSource | str | Path, sequences, options: RunnerOptions | None = None, *,
-                timeline: Timeline | None = None) -> Iterator[tuple[str, torch.Tensor]]:
+                timeline: Timeline | None = None,
+                skip: Callable[[str], bool] | None = None) -> Iterator[tuple[str, torch.Tensor]]:
     """The contract entry point: ``(seq_id, float32 [L, V])`` per sequence, layer by layer; ``timeline``: the
-    caller's, to put the runner's parts beside its own (fideval.model.profile).
+    caller's, to put the runner's parts beside its own (fideval.model.profile); ``skip``: sequences not to
+    yield (:meth:`Runner.iter_logits`: a resumed run computes only the chunks that hold another).
 
     Under torchrun (WORLD_SIZE > 1) every rank must call this; each yields the same, full logits.
     """
     options = options or RunnerOptions()
     rank, world, group = parallel.init_from_env(resolve_device(options.device))
-    yield from Runner(weights, options, rank=rank, world=world, group=group, timeline=timeline).iter_logits(sequences)
+    yield from Runner(weights, options, rank=rank, world=world, group=group, timeline=timeline).iter_logits(sequences,
+                                                                                                       skip=skip)

@@ -23,6 +23,7 @@ from fideval.errors import FidevalError
 from fideval.provenance import canonical_hash, tool_block
 from fideval.report import checks
 from fideval.report.figures import SetFigures, summary
+from fideval.report.identity import candidate_identity
 from fideval.report.inputs import RecordSet, load_records, merge
 from fideval.report.schema import FORMAT, VERSION, plain
 from fideval.stats.bootstrap import cluster_bca_difference, cluster_bca_ratio
@@ -151,6 +152,7 @@ def _provenance(
                 "model_id": t.get("model_id"),
                 "model_revision": t.get("model_revision"),
                 "manifest_sha256": t.get("manifest_sha256"),
+                "kind": t.get("kind"),
             }
     first = sets[0].parts[0].score.get("teacher") or {}
     ref = {"model_id": first.get("model_id"), "model_revision": first.get("model_revision")}
@@ -184,7 +186,10 @@ def _provenance(
             )
             for p in rs.parts
         }
-        cand.setdefault(rs.candidate, entry)["scoring"].append(
+        info = candidate_identity(rs.candidate, [(p.folder, p.score.get("candidate_info")) for p in rs.parts])
+        mine = cand.setdefault(rs.candidate, entry)  # one build on every path and length:
+        mine["info"] = candidate_identity(rs.candidate, [("its other records", mine.get("info")), (rs.where, info)])
+        cand[rs.candidate]["scoring"].append(
             {"path": rs.path, "length": rs.length, "runs": [json.loads(r) for r in sorted(runs)]}
         )
     dataset: dict[str, Any] = {
