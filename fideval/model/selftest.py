@@ -17,6 +17,7 @@ that does not fit is refused in one line, never silently run elsewhere.
 from __future__ import annotations
 
 import copy
+import os
 import time
 from pathlib import Path
 
@@ -24,6 +25,11 @@ import numpy as np
 import torch
 
 from fideval.errors import FidevalError
+
+
+class CannotCompare(FidevalError):
+    """The model cannot be compared here (too large for the device's memory, an FP8 release): not a mismatch."""
+
 
 BF16_ULPS = 4  # bfloat16: the bound is this many bf16 ulps (2**-8 relative) of the largest logit
 FLOAT32_MAX_DELTA = 1e-4
@@ -72,7 +78,7 @@ def run_selftest(model_dir: str | Path, *, device: str = "auto", dtype: str = "f
 
     Returns ``arch``, ``dtype``, ``device``, ``sequences``, ``length``, ``max_abs_delta``, ``max_abs_logit``,
     ``mean_kld``, ``max_kld``, ``tolerance``, ``passed``, ``runner_s``, ``oracle_s``, ``transformers``. Raises a
-    one-line :class:`FidevalError` for a model it cannot compare (too large for the device, an FP8 release)."""
+    one-line :class:`CannotCompare` for a model it cannot compare (too large for the device, an FP8 release)."""
     import transformers
 
     from fideval.model.device import resolve_device, resolve_dtype
@@ -84,14 +90,20 @@ def run_selftest(model_dir: str | Path, *, device: str = "auto", dtype: str = "f
     tdtype, dev = resolve_dtype(dtype), resolve_device(device)
     runner = Runner(model_dir, RunnerOptions(device=dev, dtype=tdtype, micro_batch=sequences))
     if runner.adapter.release is not None:
-        raise FidevalError(f"{model_dir}: selftest cannot check an FP8 release: transformers' own FP8 loading "
+        raise CannotCompare(f"{model_dir}: selftest cannot check an FP8 release: transformers' own FP8 loading "
                            "mis-reads partial scale blocks (docs/runner.md, FP8 releases)",
                            hint="run selftest on a bfloat16 copy of the weights, or trust tests/test_model_fp8_release.py")
     need = _parameters(runner.ckpt) * tdtype.itemsize
+    if dev.type == "cpu":
+        free = os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
+        if need > 0.8 * free:
+            raise CannotCompare(f"{model_dir}: transformers' forward needs the whole model in memory (~{need / 2**30:.1f} "
+                                f"GiB in {dtype}), {free / 2**30:.1f} GiB are available",
+                                hint="run selftest where the model fits (a machine with more RAM or GPU memory)")
     if dev.type == "cuda":
         free = torch.cuda.mem_get_info(dev)[0]
         if need > 0.9 * free:
-            raise FidevalError(f"{model_dir}: transformers' forward needs the whole model on {dev} (~{need / 2**30:.1f} GiB "
+            raise CannotCompare(f"{model_dir}: transformers' forward needs the whole model on {dev} (~{need / 2**30:.1f} GiB "
                                f"in {dtype}), {free / 2**30:.1f} GiB are free",
                                hint="run selftest where the model fits (--device cpu with enough RAM, more GPU memory)")
     rng = np.random.default_rng(seed)
