@@ -70,9 +70,14 @@ def _f(i: torch.Tensor) -> torch.Tensor:
     return i.float()
 
 
-def make_qkx(x: torch.Tensor, w: torch.Tensor, nmax: int, rmin: float, rdelta: float, nstep: int):
+def make_qkx(x: torch.Tensor, w: torch.Tensor, nmax: int, rmin: float, rdelta: float, nstep: int,
+             use_mad: bool = False):
     """``make_qkx2_quants`` / ``make_qkx3_quants`` (identical for given weights) over blocks ``[B, n]``.
     Returns (scale [B], the_min [B], L [B, n] int32)."""
+
+    def err(diff):
+        return diff.abs() if use_mad else diff * diff
+
     n = x.shape[-1]
     mn = torch.minimum(x.amin(-1), torch.zeros((), device=x.device))
     mx = x.amax(-1)
@@ -86,7 +91,7 @@ def make_qkx(x: torch.Tensor, w: torch.Tensor, nmax: int, rmin: float, rdelta: f
     scale = 1 / iscale
     L = nearest_int(iscale[:, None] * (x - mn[:, None])).clamp(0, nmax)
     diff = (scale[:, None] * _f(L) + mn[:, None]) - x
-    best = seqsum(w * (diff * diff))
+    best = seqsum(w * err(diff))
     the_min = mn  # ggml's `min`: each accepted step moves it, and later steps start from the moved one
     for s in range(nstep + 1):
         iscale = (torch.tensor(rmin, dtype=torch.float32) + torch.tensor(rdelta, dtype=torch.float32) * s + nmax) / (mx - the_min)
@@ -101,10 +106,10 @@ def make_qkx(x: torch.Tensor, w: torch.Tensor, nmax: int, rmin: float, rdelta: f
         this_min = torch.where(pos, torch.zeros_like(this_min), this_min)
         this_scale = torch.where(pos, sum_xl / sum_l2, this_scale)
         diff = (this_scale[:, None] * fl + this_min[:, None]) - x
-        err = seqsum(w * (diff * diff))
-        take = (D > 0) & (err < best)
+        cur = seqsum(w * err(diff))
+        take = (D > 0) & (cur < best)
         L = torch.where(take[:, None], la, L)
-        best = torch.where(take, err, best)
+        best = torch.where(take, cur, best)
         scale = torch.where(take, this_scale, scale)
         the_min = torch.where(take, this_min, the_min)
     L = torch.where(flat[:, None], torch.zeros_like(L), L)
@@ -158,6 +163,30 @@ def _refine_qp(x, w, L, sumlx, suml2, nmax):
             sumlx = torch.where(ok, slx2, sumlx)
             suml2 = torch.where(ok, sl22, suml2)
     return L, sumlx, suml2
+
+
+def make_q3(x: torch.Tensor, nmax: int):
+    """``make_q3_quants(n, nmax, x, L, do_rmse=true)`` over ``[B, n]``: returns (scale [B], L [B, n] in [0, 2*nmax))."""
+    mx = first_absmax(x)
+    zero = x.abs().amax(-1) < EPS
+    w = x * x
+    L = nearest_int((-float(nmax) / mx)[:, None] * x).clamp(-nmax, nmax - 1)
+    sumlx, suml2 = seqsum(w * x * _f(L)), seqsum(w * _f(L) * _f(L))
+    for _ in range(5):  # a pass without a change leaves the state as it was: running all five = ggml's break
+        for i in range(x.shape[-1]):
+            xi, wi, li = x[:, i], w[:, i], _f(L[:, i])
+            slx = sumlx - wi * xi * li
+            sl2 = suml2 - wi * li * li
+            new = nearest_int(xi * sl2 / slx).clamp(-nmax, nmax - 1)
+            fn = _f(new)
+            slx2 = slx + wi * xi * fn
+            sl22 = sl2 + wi * fn * fn
+            ok = (slx > 0) & (new != L[:, i]) & (sl22 > 0) & (slx2 * slx2 * suml2 > sumlx * sumlx * sl22)
+            L[:, i] = torch.where(ok, new, L[:, i])
+            sumlx = torch.where(ok, slx2, sumlx)
+            suml2 = torch.where(ok, sl22, suml2)
+    scale = torch.where(suml2 > 0, sumlx / suml2, torch.zeros_like(sumlx))
+    return torch.where(zero, torch.zeros_like(scale), scale), torch.where(zero[:, None], torch.zeros_like(L), L + nmax)
 
 
 def make_qx(x: torch.Tensor, nmax: int, qw: torch.Tensor | None):
@@ -291,3 +320,69 @@ def encode_q6_k(x: torch.Tensor, qw: torch.Tensor | None = None) -> torch.Tensor
     qh = (hi[:, :, 0] | (hi[:, :, 1] << 2) | (hi[:, :, 2] << 4) | (hi[:, :, 3] << 6)).reshape(B, 64)
     out = torch.cat([ql.to(torch.uint8), qh.to(torch.uint8), isc, f16_bytes(d)], -1)
     return torch.where(zero[:, None], torch.zeros_like(out), out)
+
+
+# ---------------------------------------------------------------- Q2_K / Q3_K: 16 sub-blocks of 16
+
+
+def _pack_2bit(L: torch.Tensor) -> torch.Tensor:
+    """Codes 0..3 ``[B, 256]`` -> ``[B, 64]``: byte 32*h + l holds elements 128*h + l + 32*k at bits 2k."""
+    L = L.reshape(-1, 2, 4, 32)
+    return (L[:, :, 0] | (L[:, :, 1] << 2) | (L[:, :, 2] << 4) | (L[:, :, 3] << 6)).reshape(-1, 64).to(torch.uint8)
+
+
+def encode_q2_k(x: torch.Tensor, qw: torch.Tensor | None = None) -> torch.Tensor:
+    """``[B, 256]`` float32 -> ``[B, 84]`` block_q2_K bytes: scales[16] (scale | min << 4), qs[64], d, dmin."""
+    B = x.shape[0]
+    xs = x.reshape(B * 16, 16)
+    if qw is None:  # quantize_row_q2_K_ref
+        sc, mins, L = make_qkx(xs, xs.abs(), 3, -0.5, 0.1, 15, use_mad=True)
+        sc, mins = sc.reshape(B, 16), mins.reshape(B, 16)
+        max_scale, max_min = _running_max(sc), _running_max(mins)
+        ls = torch.where((max_scale > 0)[:, None], nearest_int((15.0 / max_scale)[:, None] * sc), 0)
+        lm = torch.where((max_min > 0)[:, None], nearest_int((15.0 / max_min)[:, None] * mins), 0)
+        scales = (ls | (lm << 4)) & 0xFF
+        d, dmin = max_scale / 15.0, max_min / 15.0
+    else:  # quantize_row_q2_K_impl
+        sigma2 = seqsum(x * x) / QK_K
+        w = qw.reshape(B * 16, 16) * sqrtf(sigma2.repeat_interleave(16)[:, None] + xs * xs)
+        sw = seqsum(w).reshape(B, 16)
+        sc, mins, L = make_qkx(xs, w, 3, -0.9, 0.05, 36)
+        d, ls = make_qp(sc.reshape(B, 16), sw, 15)
+        dmin, lm = make_qp(mins.reshape(B, 16), sw, 15)
+        scales = (ls | (lm << 4)) & 0xFF
+    dd = f16_round(d)[:, None] * _f(scales & 0xF)
+    dm = f16_round(dmin)[:, None] * _f(scales >> 4)
+    xb = x.reshape(B, 16, 16)
+    new = nearest_int((xb + dm[..., None]) / dd[..., None]).clamp(0, 3)
+    L = torch.where((dd != 0)[..., None], new, L.reshape(B, 16, 16)).reshape(B, QK_K)
+    return torch.cat([scales.to(torch.uint8), _pack_2bit(L), f16_bytes(d), f16_bytes(dmin)], -1)
+
+
+def encode_q3_k(x: torch.Tensor, qw: torch.Tensor | None = None) -> torch.Tensor:
+    """``[B, 256]`` float32 -> ``[B, 110]`` block_q3_K bytes: hmask[32], qs[64], scales[12] (16 x 6 bits), d."""
+    B = x.shape[0]
+    xs = x.reshape(B * 16, 16)
+    if qw is None:  # quantize_row_q3_K_ref
+        sc, L = make_q3(xs, 4)
+        sc = sc.reshape(B, 16)
+        max_scale = first_absmax(sc)
+        iscale = -32.0 / max_scale
+        l6 = (nearest_int(iscale[:, None] * sc) & 0xFF).to(torch.uint8).view(torch.int8).to(torch.int32)
+        l6 = torch.where((max_scale != 0)[:, None], l6.clamp(-32, 31) + 32, 0)
+        d = torch.where(max_scale != 0, 1 / iscale, torch.zeros_like(iscale))
+    else:  # quantize_row_q3_K_impl
+        sigma2 = 2 * seqsum(x * x) / QK_K
+        w = qw.reshape(B * 16, 16) * sqrtf(sigma2.repeat_interleave(16)[:, None] + xs * xs)
+        sw = seqsum(w).reshape(B, 16)
+        sc, L = make_qx(xs, 4, w)
+        d, l6 = make_qx(sc.reshape(B, 16), 32, sw)
+    lo, hi = l6 & 0xF, l6 >> 4
+    scales = torch.zeros(B, 12, dtype=torch.int32, device=x.device)
+    scales[:, :8] = lo[:, :8] | (lo[:, 8:] << 4)
+    scales[:, 8:] = (hi.reshape(B, 4, 4) << (2 * torch.arange(4, device=x.device))[None, :, None]).sum(1)
+    dd = f16_round(d)[:, None] * _f(l6 - 32)
+    new = nearest_int(x.reshape(B, 16, 16) / dd[..., None]).clamp(-4, 3) + 4
+    L = torch.where((dd != 0)[..., None], new, L.reshape(B, 16, 16)).reshape(B, 8, 32)
+    hmask = ((L > 3).to(torch.int32) << torch.arange(8, device=x.device)[None, :, None]).sum(1)
+    return torch.cat([hmask.to(torch.uint8), _pack_2bit((L & 3).reshape(B, QK_K)), scales.to(torch.uint8), f16_bytes(d)], -1)
