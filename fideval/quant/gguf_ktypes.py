@@ -105,12 +105,20 @@ def decode_blocks(raw: torch.Tensor, kind: str) -> torch.Tensor:
     raise ValueError(kind)  # pragma: no cover
 
 
-def _check_imatrix(imatrix: torch.Tensor | None, cols: int, name: str) -> torch.Tensor | None:
+def _check_imatrix(imatrix, shape: tuple[int, ...], name: str) -> torch.Tensor | None:
+    """One weight per input column: ``[in]`` for any tensor, or ``[E, in]`` for stacked experts ``[E, out, in]``
+    (expert e's rows use row e, as llama-quantize slices a stacked tensor's imatrix). Returned as ``[E or 1, in]``."""
     if imatrix is None:
         return None
-    im = torch.as_tensor(imatrix).float().reshape(-1)
-    if im.numel() != cols:
-        raise FidevalError(f"{name}: importance matrix has {im.numel()} values for rows of {cols}",
+    im = torch.as_tensor(imatrix).float()
+    cols, experts = shape[-1], (shape[0] if len(shape) == 3 else 1)
+    if im.numel() == cols:
+        im = im.reshape(1, cols)
+    elif len(shape) == 3 and im.numel() == experts * cols:
+        im = im.reshape(experts, cols)
+    else:
+        want = f"{cols}" + (f" or {experts} x {cols}" if len(shape) == 3 else "")
+        raise FidevalError(f"{name}: importance matrix has {im.numel()} values for a {list(shape)} tensor (needs {want})",
                            hint="give the imatrix entry of this tensor (one weight per input column)")
     if not torch.isfinite(im).all() or (im < 0).any():
         raise FidevalError(f"{name}: importance matrix has negative or non-finite values",
@@ -135,11 +143,10 @@ class GGUFKFormat(Format):
         return self.type_size * 8
 
     def _encode(self, x2, recipe, group, shape, dtype, imatrix: torch.Tensor | None = None) -> Encoded:
-        cols = x2.shape[-1]
         qw = None
-        if imatrix is not None:
-            qw = imatrix.to(x2.device).reshape(1, cols // self.block, self.block).expand(x2.shape[0], -1, -1)
-            qw = qw.reshape(-1, self.block)
+        if imatrix is not None:  # [E or 1, cols]: each expert's rows get its own row of weights
+            im = imatrix.to(x2.device)
+            qw = im.repeat_interleave(x2.shape[0] // im.shape[0], 0).reshape(-1, self.block)
         raw = self.encoder(x2.reshape(-1, self.block).contiguous(), qw)
         return Encoded(self.name, recipe, group, shape, dtype, raw.reshape(*shape[:-1], -1))
 
@@ -161,14 +168,15 @@ def get_k_format(kind: str) -> GGUFKFormat:
 @torch.no_grad()
 def gguf_k_encode(x: torch.Tensor, kind: str, imatrix: torch.Tensor | None = None) -> torch.Tensor:
     """Raw GGUF bytes ``[..., n/block * type_size]`` of ``x`` -- what llama.cpp's ``quantize_<kind>`` writes
-    (``imatrix``: one weight per column, as ``llama-quantize --imatrix`` passes)."""
+    (``imatrix``: one weight per column, ``[in]``, or per expert and column, ``[E, in]``, for ``x`` of
+    ``[E, out, in]``; what :meth:`fideval.quant.imatrix.Imatrix.for_tensor` returns)."""
     from fideval.quant.elements import check_finite
 
     fmt = get_k_format(kind)
     r, g, shape = fmt._prepare(x, None, None)
     check_finite(x, f"format {fmt.name}")
     return fmt._encode(x.float().reshape(-1, shape[-1]), r, g, shape, x.dtype,
-                       imatrix=_check_imatrix(imatrix, shape[-1], fmt.name)).codes
+                       imatrix=_check_imatrix(imatrix, shape, fmt.name)).codes
 
 
 @torch.no_grad()
