@@ -172,6 +172,14 @@ def test_gguf_builds(models, tmp_path):
     refused(_real(tmp_path, models, tmp_path / "junk.gguf"), "candidates.b.checkpoint", "not a readable GGUF file")
 
 
+def test_gguf_metadata_that_contradicts_the_reference(models, tmp_path):
+    from test_quant_real_gguf import write_llama_gguf
+
+    p = write_llama_gguf(models.llama, tmp_path / "eps.gguf", meta=lambda w: w.add_layer_norm_rms_eps(1e-5))
+    refused(_real(tmp_path, models, p), "candidates.b.checkpoint",
+            "GGUF llama.attention.layer_norm_rms_epsilon = 1e-05 but the reference config's rms_norm_eps = 1e-06")
+
+
 def _folder_build(models, tmp_path, **edit) -> Path:
     folder = tmp_path / "build"
     shutil.copytree(models.llama, folder, dirs_exist_ok=True)
