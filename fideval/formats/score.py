@@ -21,6 +21,8 @@ class TeacherRef(Model):
     model_id: str | None = key("the teacher's model id, from its manifest", default=None)
     model_revision: str | None = key("the teacher's model revision, from its manifest", default=None)
     manifest_sha256: str | None = key("SHA-256 of the teacher's manifest.json (null if it has none)", default=None)
+    lossy: str | None = key("the teacher store's `lossy` note (a llama.cpp import), null for an exact FP32 teacher "
+                            "(added in version 1, optional)", default=None)
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -84,6 +86,9 @@ class ScoreSummary(Model):
     candidate_info: dict[str, Any] | None = key("how the candidate was made (null for a candidate store)",
                                                 default=None)
     tool: dict[str, Any] | None = key("fideval's name, version, git commit and Python", default=None)
+    lossy_rule: str | None = key("how the candidate met a lossy teacher: the llama.cpp encoding applied to the "
+                                 "candidate, or none when both are lossy stores; null for an exact teacher (added in "
+                                 "version 1, optional)", default=None)
     profile: RunProfile | None = key("where the run's time went, tokens/s and model FLOP utilisation (added in "
                                      "version 1, optional)", default=None)
 

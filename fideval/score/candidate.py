@@ -53,6 +53,7 @@ class Candidate:
     is_teacher: bool = False  # the teacher scored against itself: the run is the self-check
     timeline: Any = None  # a model run's fideval.model.profile.Timeline: the runner's parts beside the scorer's
     flops_per_token: float | None = None  # a model run's analytic model FLOPs per token (fideval.model.flops)
+    lossy: str | None = None  # a candidate store's own `lossy` meta (a llama.cpp import): scored as stored
 
 
 def teacher_sequences(teacher: Any):
@@ -259,7 +260,8 @@ def from_store(reader: Any, teacher: Any, name: str, path: str = "store", device
         raise FidevalError(f"{where}: no shard for {len(missing)} teacher sequences (first {missing[0]!r})",
                            hint="make the candidate store from the same windows")
     order = list(teacher.seq_ids)
-    return Candidate(name=name, path=path, shards=store_shards(reader, order, device), order=order)
+    return Candidate(name=name, path=path, shards=store_shards(reader, order, device), order=order,
+                     lossy=reader.meta.get("lossy") or None)
 
 
 def teacher_shards(teacher: Any, seq_ids: Iterable[str]) -> Iterator[CandidateShard]:

@@ -36,6 +36,7 @@ from fideval.model.profile import Timeline
 from fideval.progress import progress
 from fideval.score import reference, torch_kernel
 from fideval.score.candidate import Candidate, CandidateShard, teacher_shards
+from fideval.score.lossy import RULE_ENCODE, llamacpp_roundtrip, lossy_rule
 from fideval.score.metrics import FIGURES, max_rel_diff
 from fideval.score.records import RecordsWriter
 from fideval.store.feed import TeacherFeed, mapped_tensor
@@ -114,6 +115,7 @@ class _Run:
         self.worst, self.worst_at = 0.0, ""
         self.max_kld, self.top1 = 0.0, 0
         self.lengths: set[int] = set()
+        self.transform = None  # an exact candidate's rows against a lossy teacher (fideval.score.lossy)
 
     def shard(self, item: CandidateShard) -> dict[str, Any] | None:
         """Score one candidate shard against its teacher shard; None when nothing is scorable."""
@@ -156,6 +158,8 @@ class _Run:
             ref_d = ref.to(self.dev).contiguous()
             cand_d = cand_rows.to(self.dev).contiguous()
         with self.tl.part("scoring"):
+            if self.transform is not None:  # the CPU check below scores the same transformed rows
+                cand_d = cand_rows = self.transform(cand_d)
             figs, flags, bad = score_tensors(ref_d, cand_d, torch.from_numpy(targets_np).to(self.dev), self.kernel)
         del ref_d, cand_d
         keep = ~bad
@@ -211,6 +215,7 @@ def _parts_of(items: Any, tl: Timeline, part: str | None) -> Any:
 def _teacher_block(teacher: Any, store: str | None) -> TeacherRef:
     man = Path(teacher.root) / "manifest.json"
     return TeacherRef(store=str(store if store is not None else teacher.root), model_id=teacher.meta.get("model_id"),
+                      lossy=teacher.meta.get("lossy") or None,
                       model_revision=teacher.meta.get("model_revision"),
                       manifest_sha256=sha256_file(man) if man.exists() else None)
 
@@ -262,6 +267,9 @@ def score_candidate(teacher: Any, candidate: Candidate, out_dir: str | Path, set
     out_dir = Path(out_dir)
     feed = TeacherFeed(teacher, list(candidate.order), dev) if candidate.order and dev.type == "cuda" else None
     run = _Run(teacher, dev, kernel, settings, feed, tl)
+    rule = lossy_rule(teacher.meta, candidate.lossy) if not candidate.is_teacher else None
+    if rule == RULE_ENCODE:
+        run.transform = llamacpp_roundtrip
     if total_rows is None:
         total_rows = sum(max(int(teacher.entry(s)["rows"]) - 1, 0) for s in teacher.seq_ids)
     tokens, model_run = 0, candidate.flops_per_token is not None
@@ -298,7 +306,7 @@ def score_candidate(teacher: Any, candidate: Candidate, out_dir: str | Path, set
         tool = None
     summary = dump(ScoreSummary(
         candidate=candidate.name, path=candidate.path, length=next(iter(run.lengths)) if len(run.lengths) == 1 else None,
-        rows=run.rows, teacher=_teacher_block(teacher, teacher_spec),
+        rows=run.rows, teacher=_teacher_block(teacher, teacher_spec), lossy_rule=rule,
         cpu_check=CpuCheck(rows_checked=run.checked, max_rel_diff=run.worst, tolerance=settings.cpu_check_tolerance,
                            every=settings.cpu_check_every, worst=run.worst_at or None),
         self_check=SelfCheck(**checked_self) if checked_self is not None else None, nonfinite_rows=run.nonfinite,
