@@ -79,3 +79,27 @@ def test_exact_teacher_has_no_rule(tmp_path):
     exact = StoreReader(tmp_path / "exact")
     s = score_candidate(exact, from_store(StoreReader(tmp_path / "exact"), exact, "same", "store"), tmp_path / "rec")
     assert s["lossy_rule"] is None and s["teacher"]["lossy"] is None
+
+
+def test_report_and_card_say_the_teacher_was_lossy(tmp_path):
+    import synthetic as syn
+    from cli_runner import run_fideval
+
+    windows = syn.window_ids(["code", "chat"], 4)
+    folder = syn.write_records(tmp_path / "q8", syn.records_frame("q8", "weights-only", 128, 128, windows), "q8",
+                               "weights-only", 128)
+    score = json.loads((folder / "score.json").read_text())
+    score["teacher"]["lossy"] = "llama.cpp uint16 log-probs: only the top 16 nats"
+    score["lossy_rule"] = RULE_ENCODE
+    (folder / "score.json").write_text(json.dumps(score))
+    syn.write_eval_windows(tmp_path, windows, 128)
+    res = run_fideval("report", "--records", str(folder), "--windows", str(tmp_path), "--out", str(tmp_path / "report"),
+                      "--resamples", "200")
+    assert res.code == 0, res.stderr
+    report = json.loads((tmp_path / "report" / "report.json").read_text())
+    (store,) = report["provenance"]["teacher_stores"]
+    assert "16 nats" in store["lossy"] and store["lossy_rules"] == [RULE_ENCODE]
+    res = run_fideval("card", str(tmp_path / "report" / "report.json"), "--out", str(tmp_path / "README.md"))
+    assert res.code == 0, res.stderr
+    card = (tmp_path / "README.md").read_text()
+    assert "**The reference logits here are not FP32**" in card and RULE_ENCODE in card
