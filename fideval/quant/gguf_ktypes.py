@@ -185,5 +185,14 @@ def gguf_k_quant_dequant(x: torch.Tensor, kind: str, imatrix: torch.Tensor | Non
     fmt = get_k_format(kind)
     if imatrix is None:
         return fmt.quant_dequant(x)
-    enc = Encoded(fmt.name, "ggml", fmt.block, tuple(x.shape), x.dtype, gguf_k_encode(x, kind, imatrix))
-    return fmt.decode(enc)
+    im = _check_imatrix(imatrix, tuple(x.shape), fmt.name)
+    mats = x.reshape(-1, x.shape[-2] if x.dim() >= 2 else 1, x.shape[-1])
+    out = torch.empty(mats.shape, dtype=x.dtype, device=x.device)
+    step = max(1, (1 << 22) // x.shape[-1])  # rows per piece: a few million weights of search temporaries
+    for e in range(mats.shape[0]):  # stacked experts: expert e's rows use its own weights, as llama-quantize does
+        w = im[e if im.shape[0] > 1 else 0]
+        for i in range(0, mats.shape[1], step):
+            piece = mats[e, i:i + step]
+            enc = Encoded(fmt.name, "ggml", fmt.block, tuple(piece.shape), x.dtype, gguf_k_encode(piece, kind, w))
+            out[e, i:i + step] = fmt.decode(enc)
+    return out.reshape(x.shape)

@@ -16,6 +16,7 @@ missing entry or one of another size is a one-line error, never a silent quantiz
 
 from __future__ import annotations
 
+import re
 import struct
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -44,6 +45,10 @@ class Imatrix:
                                f"({len(self.entries)} entries, e.g. {some})", hint=_FIX)
         n_per_row = int(shape[-1])
         n_expert = int(shape[0]) if len(shape) == 3 else 1
+        if len(shape) == 3 and e.size % n_per_row == 0 and e.size != n_per_row * n_expert:
+            raise FidevalError(f"{self.path}: imatrix entry {name!r} holds {e.size // n_per_row} experts, the tensor "
+                               f"{n_expert} (a model-parallel rank's share cannot be matched to its imatrix slice)",
+                               hint="run an imatrix candidate with teacher.model_parallel 1")
         if e.size != n_per_row * n_expert:
             raise FidevalError(f"{self.path}: imatrix entry {name!r} has {e.size} values, tensor {list(shape)} needs "
                                f"{n_per_row * n_expert} ({n_expert} x {n_per_row})", hint=_FIX)
@@ -142,3 +147,54 @@ def _checked(im: Imatrix) -> Imatrix:
             raise FidevalError(f"{im.path}: imatrix entry {name!r} has non-finite values",
                                hint="llama-quantize refuses it too; recompute it with llama-imatrix")
     return im
+
+
+# Hugging Face model_type -> llama.cpp architecture name (gguf.MODEL_ARCH_NAMES), for the tensor-name map
+GGUF_ARCH_OF = {"llama": "llama", "mistral": "llama", "mixtral": "llama", "qwen2": "qwen2", "qwen2_moe": "qwen2moe",
+                "qwen3": "qwen3", "qwen3_moe": "qwen3moe", "deepseek_v2": "deepseek2", "deepseek_v3": "deepseek2",
+                "gpt_oss": "gpt-oss", "glm4_moe": "glm4moe"}
+
+
+class ImatrixLookup:
+    """``(hf_name, shape) -> float32 tensor`` of importance weights for one parameter the runner quantizes:
+    the Hugging Face name is mapped to llama.cpp's with gguf-py's own table (``gguf.get_tensor_name_map``);
+    fused experts ``mlp.experts.gate_up_proj`` take the ``ffn_gate_exps`` entry (gate and up read the same
+    activations, so llama-imatrix records the same weights for both)."""
+
+    def __init__(self, imatrix: Imatrix, model_type: str, n_layers: int):
+        import gguf
+
+        name = GGUF_ARCH_OF.get(str(model_type))
+        arch = next((a for a, n in gguf.MODEL_ARCH_NAMES.items() if n == name), None)
+        if arch is None:
+            raise FidevalError(f"{imatrix.path}: no llama.cpp tensor names for model type {model_type!r}",
+                               hint=f"an imatrix can be used for: {', '.join(sorted(GGUF_ARCH_OF))}")
+        self.imatrix, self.names = imatrix, gguf.get_tensor_name_map(arch, n_layers)
+
+    def gguf_name(self, hf_name: str) -> str:
+        base = _PER_EXPERT.sub(r".mlp.experts.\1_proj", hf_name.removesuffix(".weight"))  # a release's per-expert name
+        kind = base.rsplit(".", 1)[-1]
+        if ".mlp.experts." in base and kind in ("gate_up_proj", "gate_proj", "up_proj"):
+            g = self.names.get_name(base.rsplit(".", 1)[0] + ".down_proj")
+            if g is not None:
+                return g.replace("ffn_down_exps", "ffn_up_exps" if kind == "up_proj" else "ffn_gate_exps") + ".weight"
+        g = self.names.get_name(base)
+        if g is None:
+            raise FidevalError(f"{self.imatrix.path}: no llama.cpp name for {hf_name} (to find its importance weights)",
+                               hint="quantize this module class without the imatrix")
+        return g + ".weight"
+
+    def __call__(self, hf_name: str, shape: tuple[int, ...]):
+        import torch
+
+        return torch.from_numpy(self.imatrix.for_tensor(self.gguf_name(hf_name), shape).copy())
+
+    def check(self, hf_name: str, shape: tuple[int, ...], n_experts: int) -> None:
+        """What ``__call__`` will need at run time, from a checkpoint tensor's name and shape (a release's
+        per-expert ``[out, in]`` tensor needs the whole stacked entry, ``n_experts`` x ``in``)."""
+        if _PER_EXPERT.search(hf_name.removesuffix(".weight")):
+            shape = (n_experts, *shape)
+        self.imatrix.for_tensor(self.gguf_name(hf_name), shape)
+
+
+_PER_EXPERT = re.compile(r"\.mlp\.experts\.\d+\.(gate|up|down)_proj$")

@@ -167,11 +167,29 @@ def _emulated(cand: Any, path: str, files: Any) -> tuple[dict[str, Any], dict[st
     from fideval.quant.spec import check_spec_classes, compile_spec
 
     quant = cand.quant.model_dump(exclude_none=True)
-    spec = compile_spec(quant)
+    im, im_info = imatrix_lookup(cand, files.folder)
+    spec = compile_spec(quant, imatrix=im)
     by_class = class_shapes(files.folder)
     check_spec_classes(quant, classes_present(by_class))
     hooks = {"weight_transform": spec.weight_transform, "act_transform": spec.act_transform if path == "serving" else None}
-    return hooks, {"source": "emulated", "quant": quant, "bits_per_weight": spec.bits(by_class, stored=release_bits(files.folder))}
+    info = {"source": "emulated", "quant": quant, "bits_per_weight": spec.bits(by_class, stored=release_bits(files.folder))}
+    return hooks, {**info, **({"imatrix": im_info} if im_info else {})}
+
+
+def imatrix_lookup(cand: Any, model_dir: Any) -> tuple[Any, dict[str, Any] | None]:
+    """The candidate's ``imatrix`` file as the spec's per-parameter lookup, and what score.json records of it."""
+    if getattr(cand, "imatrix", None) is None:
+        return None, None
+    from fideval.config import resolve_path
+    from fideval.fsio import sha256_file
+    from fideval.quant.imatrix import ImatrixLookup, read_imatrix
+
+    path = resolve_path(cand.imatrix)
+    im = read_imatrix(path)
+    cfg = json.loads((Path(model_dir) / "config.json").read_text())
+    lookup = ImatrixLookup(im, cfg.get("model_type"), int(cfg.get("num_hidden_layers") or 0))
+    return lookup, {"path": str(cand.imatrix), "sha256": sha256_file(path), "entries": len(im.entries),
+                    "datasets": im.datasets, "chunks": im.chunk_count, "legacy": im.legacy}
 
 
 def checkpoint_hooks(ckpt: Any, path: str) -> dict:
