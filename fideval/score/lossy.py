@@ -33,7 +33,15 @@ def llamacpp_roundtrip(logits: torch.Tensor) -> torch.Tensor:
 
     Encode: ``min = max(min(logits), max - 16)``, ``log_sum_exp = log(sum exp(logit - max))`` (float64 sum),
     ``min_log_prob = (min - max) - log_sum_exp``, ``scale = (max - min)/65535``, ``code = nearest_int((logit -
-    min)/scale)`` above ``min``, else 0 (all 0 when ``scale`` is 0). Decode: ``scale*code + min_log_prob``."""
+    min)/scale)`` above ``min``, else 0 (all 0 when ``scale`` is 0). Decode: ``scale*code + min_log_prob``.
+    Row by row, in pieces of about 2**24 elements, so the float64 sum never holds a shard's worth."""
+    step = max(1, (1 << 24) // max(int(logits.shape[-1]), 1))
+    if logits.shape[0] > step:
+        return torch.cat([_roundtrip(logits[i:i + step]) for i in range(0, logits.shape[0], step)])
+    return _roundtrip(logits)
+
+
+def _roundtrip(logits: torch.Tensor) -> torch.Tensor:
     x = logits.float()
     mx = x.amax(-1, keepdim=True)
     mn = torch.maximum(x.amin(-1, keepdim=True), mx - 16)
