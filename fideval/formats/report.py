@@ -83,7 +83,9 @@ class Provenance(Model):
     tool: dict[str, Any] = key("fideval's name, version, git commit and Python")
     config_hash: str | None = key("canonical SHA-256 of the config, or null without one")
     teacher_stores: list[dict[str, Any]] | None = key("per length: store, model id and revision, manifest "
-                                                      "SHA-256, kind, from score.json", default=None)
+                                                      "SHA-256, kind, from score.json; a lossy (llama.cpp) teacher "
+                                                      "adds `lossy` and the `lossy_rules` its candidates were scored "
+                                                      "with", default=None)
     teacher_manifests: list[dict[str, Any]] | None = key("each `--teacher-manifest`: file, sha256, meta",
                                                          default=None)
     candidates: dict[str, Any] | None = key("per candidate: quant spec or checkpoint, `info` (score.json's "

@@ -23,6 +23,8 @@ class TeacherRef(Model):
     manifest_sha256: str | None = key("SHA-256 of the teacher's manifest.json (null if it has none)", default=None)
     kind: str | None = key("the store's kind: `logits` (FP32 logits of the model) or `logprobs` (an imported, lossy "
                            "llama.cpp file)", default=None)
+    lossy: str | None = key("the teacher store's `lossy` note (a llama.cpp import), null for an exact FP32 teacher "
+                            "(added in version 1, optional)", default=None)
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -89,6 +91,9 @@ class ScoreSummary(Model):
                                                 "for a candidate store its spec, manifest SHA-256, model id and "
                                                 "revision and kind (null for the teacher itself)", default=None)
     tool: dict[str, Any] | None = key("fideval's name, version, git commit and Python", default=None)
+    lossy_rule: str | None = key("how the candidate met a lossy teacher: the llama.cpp encoding applied to the "
+                                 "candidate, or none when both are lossy stores; null for an exact teacher (added in "
+                                 "version 1, optional)", default=None)
     profile: RunProfile | None = key("where the run's time went, tokens/s and model FLOP utilisation (added in "
                                      "version 1, optional)", default=None)
 

@@ -146,14 +146,18 @@ def _provenance(
     for rs in sets + self_sets:
         for p in rs.parts:
             t = p.score.get("teacher") or {}
-            teachers[(rs.length, str(t.get("store")))] = {
+            entry = teachers.setdefault((rs.length, str(t.get("store"))), {
                 "length": rs.length,
                 "store": t.get("store"),
                 "model_id": t.get("model_id"),
                 "model_revision": t.get("model_revision"),
                 "manifest_sha256": t.get("manifest_sha256"),
                 "kind": t.get("kind"),
-            }
+            })
+            if t.get("lossy"):  # a llama.cpp import: which kind, and how each candidate met it (fideval.score.lossy)
+                entry["lossy"] = t["lossy"]
+                rule = p.score.get("lossy_rule")
+                entry["lossy_rules"] = sorted(set(entry.get("lossy_rules", [])) | ({rule} if rule else set()))
     first = sets[0].parts[0].score.get("teacher") or {}
     ref = {"model_id": first.get("model_id"), "model_revision": first.get("model_revision")}
     if cfg is not None:

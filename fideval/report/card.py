@@ -172,6 +172,7 @@ def card_context(
         "tool": prov["tool"],
         "config_hash": prov["config_hash"],
         "report_sha256": report_sha256,
+        "lossy_teachers": [t for t in prov.get("teacher_stores") or [] if t.get("lossy")],
     }
 
 

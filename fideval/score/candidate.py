@@ -60,6 +60,7 @@ class Candidate:
     pending: list[str] | None = None
     extent: Callable[[str], tuple[int, int]] | None = None  # a shard's (row_start, rows); None: (0, length)
     shard_sha256: Callable[[str], str | None] | None = None  # a stored shard's SHA-256 (None: a model run)
+    lossy: str | None = None  # a candidate store's own `lossy` meta (a llama.cpp import): scored as stored
 
 
 def teacher_sequences(teacher: Any):
@@ -178,11 +179,29 @@ def _emulated(cand: Any, path: str, files: Any) -> tuple[dict[str, Any], dict[st
     from fideval.quant.spec import check_spec_classes, compile_spec
 
     quant = cand.quant.model_dump(exclude_none=True)
-    spec = compile_spec(quant)
+    im, im_info = imatrix_lookup(cand, files.folder)
+    spec = compile_spec(quant, imatrix=im)
     by_class = class_shapes(files.folder)
     check_spec_classes(quant, classes_present(by_class))
     hooks = {"weight_transform": spec.weight_transform, "act_transform": spec.act_transform if path == "serving" else None}
-    return hooks, {"source": "emulated", "quant": quant, "bits_per_weight": spec.bits(by_class, stored=release_bits(files.folder))}
+    info = {"source": "emulated", "quant": quant, "bits_per_weight": spec.bits(by_class, stored=release_bits(files.folder))}
+    return hooks, {**info, **({"imatrix": im_info} if im_info else {})}
+
+
+def imatrix_lookup(cand: Any, model_dir: Any) -> tuple[Any, dict[str, Any] | None]:
+    """The candidate's ``imatrix`` file as the spec's per-parameter lookup, and what score.json records of it."""
+    if getattr(cand, "imatrix", None) is None:
+        return None, None
+    from fideval.config import resolve_path
+    from fideval.fsio import sha256_file
+    from fideval.quant.imatrix import ImatrixLookup, read_imatrix
+
+    path = resolve_path(cand.imatrix)
+    im = read_imatrix(path)
+    cfg = json.loads((Path(model_dir) / "config.json").read_text())
+    lookup = ImatrixLookup(im, cfg.get("model_type"), int(cfg.get("num_hidden_layers") or 0))
+    return lookup, {"path": str(cand.imatrix), "sha256": sha256_file(path), "entries": len(im.entries),
+                    "datasets": im.datasets, "chunks": im.chunk_count, "legacy": im.legacy}
 
 
 def checkpoint_hooks(ckpt: Any, path: str) -> dict:
@@ -276,7 +295,7 @@ def from_store(reader: Any, teacher: Any, name: str, path: str = "store", device
     return Candidate(name=name, path=path, shards=store_shards(reader, order, device), order=order,
                      info=store_identity(reader, spec), pending=order,
                      extent=lambda sid: (reader.row_start(sid), int(reader.entry(sid)["rows"])),
-                     shard_sha256=lambda sid: reader.entry(sid)["sha256"])
+                     shard_sha256=lambda sid: reader.entry(sid)["sha256"], lossy=reader.meta.get("lossy") or None)
 
 
 def store_identity(reader: Any, spec: Any = None) -> dict[str, Any]:

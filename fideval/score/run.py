@@ -39,6 +39,7 @@ from fideval.model.profile import Timeline
 from fideval.progress import progress
 from fideval.score import reference, resume, torch_kernel
 from fideval.score.candidate import Candidate, CandidateShard, teacher_shards
+from fideval.score.lossy import RULE_ENCODE, llamacpp_roundtrip, lossy_rule
 from fideval.score.metrics import FIGURES, max_rel_diff
 from fideval.score.records import shard_table
 from fideval.score.resume import ShardCache
@@ -118,6 +119,7 @@ class _Run:
         self.worst, self.worst_at = 0.0, ""
         self.max_kld, self.top1 = 0.0, 0
         self.lengths: set[int] = set()
+        self.transform = None  # an exact candidate's rows against a lossy teacher (fideval.score.lossy)
 
     def shard(self, item: CandidateShard) -> dict[str, Any] | None:
         """Score one candidate shard against its teacher shard; None when nothing is scorable."""
@@ -160,6 +162,8 @@ class _Run:
             ref_d = ref.to(self.dev).contiguous()
             cand_d = cand_rows.to(self.dev).contiguous()
         with self.tl.part("scoring"):
+            if self.transform is not None:  # the CPU check below scores the same transformed rows
+                cand_d = cand_rows = self.transform(cand_d)
             figs, flags, bad = score_tensors(ref_d, cand_d, torch.from_numpy(targets_np).to(self.dev), self.kernel)
         del ref_d, cand_d
         keep = ~bad
@@ -243,6 +247,7 @@ def _scored(run: _Run, item: CandidateShard) -> tuple[dict[str, Any] | None, dic
 def _teacher_block(teacher: Any, store: str | None) -> TeacherRef:
     man = Path(teacher.root) / "manifest.json"
     return TeacherRef(store=str(store if store is not None else teacher.root), model_id=teacher.meta.get("model_id"),
+                      lossy=teacher.meta.get("lossy") or None,
                       model_revision=teacher.meta.get("model_revision"),
                       manifest_sha256=sha256_file(man) if man.exists() else None, kind=teacher.meta.get("kind"))
 
@@ -319,6 +324,9 @@ def score_candidate(teacher: Any, candidate: Candidate, out_dir: str | Path, set
     order = candidate.order  # a store's: the same list as ``pending``, so without the shards already scored
     feed = TeacherFeed(teacher, list(order), dev) if order and dev.type == "cuda" else None
     run = _Run(teacher, dev, kernel, settings, feed, tl)
+    rule = lossy_rule(teacher.meta, candidate.lossy) if not candidate.is_teacher else None
+    if rule == RULE_ENCODE:
+        run.transform = llamacpp_roundtrip
     if total_rows is None:
         total_rows = sum(max(int(teacher.entry(s)["rows"]) - 1, 0) for s in teacher.seq_ids)
     tokens, model_run = 0, candidate.flops_per_token is not None
@@ -376,7 +384,7 @@ def score_candidate(teacher: Any, candidate: Candidate, out_dir: str | Path, set
         tool = None
     summary = dump(ScoreSummary(
         candidate=candidate.name, path=candidate.path, length=next(iter(run.lengths)) if len(run.lengths) == 1 else None,
-        rows=run.rows, teacher=_teacher_block(teacher, teacher_spec),
+        rows=run.rows, teacher=_teacher_block(teacher, teacher_spec), lossy_rule=rule,
         cpu_check=CpuCheck(rows_checked=run.checked, max_rel_diff=run.worst, tolerance=settings.cpu_check_tolerance,
                            every=settings.cpu_check_every, worst=run.worst_at or None),
         self_check=SelfCheck(**checked_self) if checked_self is not None else None, nonfinite_rows=run.nonfinite,
