@@ -13,6 +13,7 @@ include: "workflow/rules/windows.smk"
 include: "workflow/rules/teacher.smk"
 include: "workflow/rules/score.smk"
 include: "workflow/rules/report.smk"
+include: "workflow/rules/noise.smk"
 
 
 rule all:

@@ -20,6 +20,7 @@ from typing import Any
 import yaml
 
 from fideval.errors import FidevalError
+from fideval.report.card_intervals import beside_context
 
 SPEC_VERSION = 1
 TOOL_URL = "https://github.com/fideval/fideval"
@@ -41,8 +42,12 @@ def _ci(fig: dict[str, Any] | None, digits: int = 4) -> str:
 def _pct(fig: dict[str, Any] | None) -> str:
     if fig is None:
         return "—"
-    lo, hi = fig["wilson"]["ci"]
-    return f"{100 * fig['estimate']:.2f} % [{100 * lo:.2f}, {100 * hi:.2f}]"
+    lo, hi = (fig if "ci" in fig else fig["wilson"])["ci"]  # the default; a version 1 report's card took Wilson's
+    return f"{100 * fig['estimate']:.2f} % [{_p(lo)}, {_p(hi)}]"
+
+
+def _p(x: float | None) -> str:
+    return "—" if x is None else f"{100 * x:.2f}"
 
 
 def pick_candidate(report: dict[str, Any], candidate: str | None) -> str:
@@ -61,8 +66,8 @@ def pick_candidate(report: dict[str, Any], candidate: str | None) -> str:
 
 def _metric(mtype: str, name: str, fig: dict[str, Any], **args: Any) -> dict[str, Any]:
     a = {
-        "ci_low": float(fig["ci"][0]),
-        "ci_high": float(fig["ci"][1]),
+        "ci_low": None if fig["ci"][0] is None else float(fig["ci"][0]),  # null: unbounded (flagged)
+        "ci_high": None if fig["ci"][1] is None else float(fig["ci"][1]),
         "confidence": float(fig["confidence"]),
         "interval": fig["method"],
         **args,
@@ -96,14 +101,8 @@ def front_matter(report: dict[str, Any], candidate: str, report_sha256: str) -> 
                     quantile_method=q["quantile_method"],
                 )
             )
-        metrics.append(
-            _metric(
-                "top1_agreement",
-                "Top-1 agreement with reference",
-                {**o["top1"]["wilson"], "estimate": o["top1"]["estimate"]},
-                rows=int(o["top1"]["rows"]),
-            )
-        )
+        top1 = o["top1"] if "ci" in o["top1"] else {**o["top1"]["wilson"], "estimate": o["top1"]["estimate"]}
+        metrics.append(_metric("top1_agreement", "Top-1 agreement with reference", top1, rows=int(o["top1"]["rows"])))
         results.append(
             {
                 "task": {"type": "text-generation", "name": "Fidelity to the reference model"},
@@ -212,7 +211,7 @@ def card_context(
         {"name": c["name"], "status": c["status"], "detail": str(c["detail"]).replace("|", "/")}
         for c in report["checks"]
     ]
-    return {
+    return beside_context(report, rows) | {
         "title": f"{candidate}: fidelity to {prov['reference']['model_id']}",
         "candidate": candidate,
         "reference": prov["reference"],
