@@ -14,6 +14,7 @@ include: "workflow/rules/selftest.smk"
 include: "workflow/rules/teacher.smk"
 include: "workflow/rules/score.smk"
 include: "workflow/rules/report.smk"
+include: "workflow/rules/noise.smk"
 
 
 rule all:

@@ -1,92 +1,276 @@
-"""Coverage simulation: does the 95 % cluster BCa interval cover the true mean 95 % of the time?
+"""Coverage simulation: does each interval fideval can print cover the truth at its stated level?
 
-Data with between-window variation, like real KLD: window w has a mean mu_w = base * LogNormal(0, sigma_b)
-and N_w rows drawn uniformly in [rows/2, rows]; each row is mu_w * Gamma(shape, 1/shape) (mean mu_w,
-right-skewed). N_w is independent of mu_w, so the token-weighted mean estimates E[mu_w] =
-base * exp(sigma_b^2 / 2) — the true mean every interval is scored against.
+Windows (clusters) in domains (strata). Mean-type data (KLD): domain h has mean m_h; window w of domain h
+has mean mu_w = m_h * LogNormal(-sigma_b^2 / 2, sigma_b) (mean m_h, between-window spread sigma_b) and
+N_w rows, uniform in [rows/2, rows]; each row is mu_w times a mean-one draw: Gamma(k, 1/k) (light tail)
+or LogNormal(-s^2 / 2, s) (heavy tail, per-token KLD's shape). N_w is independent of mu_w, so the
+token-weighted mean over the design (G_h windows per domain, fixed) estimates sum_h G_h m_h / G — the truth
+every interval is scored against. Proportion-type data (top-1 agreement): window w agrees on
+y_w ~ Binomial(N_w, p_w) rows, logit p_w = logit p_h + sigma_b Z; the truth is sum_h G_h E[p_w] / G
+(Gauss-Hermite). Only (S_w, N_w) or (y_w, N_w) enter any cluster interval, so rows are drawn per window.
 
-Scored beside the cluster BCa the report uses:
-  * the interval that treats tokens as independent (mean +- z sd / sqrt(rows)) — why the window is the
-    unit: with correlated tokens it covers far less than 95 %;
-  * an *expanded* BCa (Hesterberg 2015): the same resamples with the nominal level widened so that
-    z = sqrt(G / (G - 1)) t_(G-1), which offsets the bootstrap's narrowness with few windows. The report
-    does not use it (it would no longer be scipy's BCa); it is here to size that small-sample gap.
-Used by ``bench/coverage.py`` (full size) and ``tests/test_stats_coverage.py`` (small).
+Intervals scored (every one fideval computes, plus candidates): see ``MEAN_METHODS`` / ``TOP1_METHODS``.
+Resampling is within domain (the report's count matrix) unless the name says ``unstratified``.
+Used by ``bench/coverage.py`` (the table in docs/formats-report.md) and ``tests/test_stats_coverage.py``.
 """
 
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+import zlib
+from dataclasses import dataclass, field
 
 import numpy as np
 from scipy import stats
-from scipy.special import ndtr, ndtri
+from scipy.special import expit, ndtri
 
 from fideval.stats.bootstrap import bca_interval, ratio_means
-from fideval.stats.clusters import resample_counts
+from fideval.stats.clusters import Clusters, resample_counts
+from fideval.stats.paired import paired_interval
+from fideval.stats.studentized import (
+    _dg,
+    _g,
+    cluster_t_means,
+    expanded_confidence,
+    linearized_variance,
+    resampled_se,
+    t_interval,
+)
+from fideval.stats.wilson import wilson_figure
+
+MEAN_METHODS = (
+    "cluster-bca",  # the seed's method, stratified resampling
+    "cluster-bca-unstratified",
+    "cluster-bca-log",  # BCa of log(mean) (acceleration on the log scale), back-transformed
+    "cluster-bca-expanded",  # BCa at a nominal level widened by sqrt(G/(G-H)) t_(G-H) (Hesterberg 2015)
+    "cluster-percentile",
+    "t-linearized",  # theta +- t_(G-H) se (no bootstrap)
+    "t-linearized-log",
+    "cluster-bootstrap-t",
+    "cluster-bootstrap-t-log",
+    "cluster-bootstrap-t-log-unstratified",
+    "cluster-bootstrap-t-log-expanded",  # at the expanded nominal level, as cluster-bca-expanded
+    "cluster-bootstrap-t-log-symmetric",  # log(theta) -+ the 95 % quantile of |t*| times se
+    "cluster-bootstrap-t-log-symmetric-expanded",
+    "iid-token",  # mean +- z sd / sqrt(rows): tokens as independent
+)
+PAIRED_METHODS = (
+    "ratio: cluster-bootstrap-t-log",  # the default of a ratio
+    "ratio: cluster-bca",
+    "difference: cluster-bootstrap-t",  # the default of a difference
+    "difference: cluster-bca",
+    "ratio: cluster-bootstrap-t-log-symmetric-expanded",
+    "difference: cluster-bootstrap-t-symmetric-expanded",
+)
+TOP1_METHODS = (
+    "wilson",  # iid Wilson, n = rows
+    "wilson-design-effect",
+    "cluster-bca",
+    "t-linearized-logit",
+    "cluster-bootstrap-t",
+    "cluster-bootstrap-t-logit",
+    "cluster-bootstrap-t-logit-expanded",
+    "cluster-bootstrap-t-logit-symmetric",
+    "cluster-bootstrap-t-logit-symmetric-expanded",
+)
 
 
 @dataclass(frozen=True)
-class CoverageResult:
-    replications: int
-    clusters: int
-    resamples: int
-    sigma_b: float
-    bca: float
-    bca_expanded: float
-    iid_token: float
-    mean_width_bca: float
-    mean_width_iid: float
+class Shape:
+    name: str
+    kind: str  # "mean", "top1" or "paired" (two builds on the same windows)
+    sigma_b: float  # between-window spread (log scale for means, logit scale for proportions)
+    token: str = "lognormal"  # mean: "gamma" or "lognormal"
+    token_param: float = 1.5  # gamma shape k, or lognormal sigma
+    domain_weights: tuple[float, ...] = (1, 1, 1, 1, 1, 1)  # windows per domain, proportional
+    domain_levels: tuple[float, ...] = (1, 1, 1, 1, 1, 1)  # mean m_h (mean) or p_h (top1)
+    rows: int = 256
+    base: float = 0.02
+    effect: float = 1.0  # paired: build 1's mean KLD over build 2's
+    effect_sigma: float = 0.0  # paired: per-window log spread of that effect (mean one)
+    note: str = ""
 
 
-def expanded_confidence(confidence: float, g: int) -> float:
-    """Nominal level whose normal quantile is sqrt(g/(g-1)) times the t_(g-1) quantile of ``confidence``."""
-    a = (1.0 - confidence) / 2.0
-    return float(1.0 - 2.0 * ndtr(math.sqrt(g / (g - 1.0)) * stats.t.ppf(a, g - 1)))
-
-
-def simulate(
-    replications: int = 400,
-    clusters: int = 40,
-    rows: int = 200,
-    resamples: int = 2000,
-    sigma_b: float = 0.6,
-    shape: float = 0.5,
-    base: float = 0.02,
-    confidence: float = 0.95,
-    seed: int = 0,
-) -> CoverageResult:
-    rng = np.random.default_rng(seed)
-    truth = base * math.exp(sigma_b**2 / 2.0)
-    z = float(ndtri(0.5 + confidence / 2.0))
-    conf_x = expanded_confidence(confidence, clusters)
-    hit_bca = hit_x = hit_iid = 0
-    w_bca = w_iid = 0.0
-    for rep in range(replications):
-        sizes = rng.integers(rows // 2, rows + 1, clusters)
-        mu = base * rng.lognormal(0.0, sigma_b, clusters)
-        codes = np.repeat(np.arange(clusters), sizes)
-        x = mu[codes] * rng.gamma(shape, 1.0 / shape, codes.size)
-        s = np.bincount(codes, weights=x, minlength=clusters)
-        n = sizes.astype(np.float64)
-        theta, star, jack = ratio_means(s, n, resample_counts(clusters, resamples, seed * 1_000_003 + rep))
-        lo, hi = bca_interval(theta[0], star[:, 0], jack[:, 0], confidence)["ci"]
-        hit_bca += lo <= truth <= hi
-        w_bca += hi - lo
-        xlo, xhi = bca_interval(theta[0], star[:, 0], jack[:, 0], conf_x)["ci"]
-        hit_x += xlo <= truth <= xhi
-        half = z * x.std(ddof=1) / math.sqrt(x.size)
-        hit_iid += abs(x.mean() - truth) <= half
-        w_iid += 2 * half
-    return CoverageResult(
-        replications,
-        clusters,
-        resamples,
-        sigma_b,
-        hit_bca / replications,
-        hit_x / replications,
-        float(hit_iid) / replications,
-        w_bca / replications,
-        float(w_iid) / replications,
+SHAPES = {
+    s.name: s
+    for s in (
+        Shape("light-low", "mean", 0.3, "gamma", 2.0, note="Gamma(2) rows, sigma_b 0.3"),
+        Shape("light-high", "mean", 1.0, "gamma", 2.0, note="Gamma(2) rows, sigma_b 1.0"),
+        Shape("heavy-low", "mean", 0.3, "lognormal", 2.0, note="LogNormal(s=2) rows, sigma_b 0.3"),
+        Shape("heavy-high", "mean", 1.0, "lognormal", 2.0, note="LogNormal(s=2) rows, sigma_b 1.0"),
+        Shape("heavy-unequal", "mean", 0.6, "lognormal", 2.0, (1, 1, 2, 3, 4, 5), (0.3, 0.5, 1, 1, 2, 4),
+              note="LogNormal(s=2) rows, sigma_b 0.6, domains of 1:1:2:3:4:5 windows, means 0.3-4x"),
+        Shape("paired-heavy", "paired", 1.0, "lognormal", 2.0, effect=1.3, effect_sigma=0.3,
+              note="two builds on LogNormal(s=2) rows, sigma_b 1.0; build 1 = 1.3x build 2, per-window effect "
+                   "spread 0.3, per-row 0.5"),
+        Shape("paired-close", "paired", 0.6, "lognormal", 2.0, (1, 1, 2, 3, 4, 5), (0.3, 0.5, 1, 1, 2, 4),
+              effect=1.05, effect_sigma=0.1,
+              note="two builds 5 % apart, spread 0.1, heavy-unequal's domains"),
+        Shape("top1-0.95-low", "top1", 0.5, domain_levels=(0.95,) * 6, note="p 0.95, logit spread 0.5"),
+        Shape("top1-0.95-high", "top1", 1.0, domain_levels=(0.95,) * 6, note="p 0.95, logit spread 1.0"),
+        Shape("top1-0.99-high", "top1", 1.0, domain_levels=(0.99,) * 6, note="p 0.99, logit spread 1.0"),
+        Shape("top1-unequal", "top1", 1.0, domain_weights=(1, 1, 2, 3, 4, 5),
+              domain_levels=(0.8, 0.9, 0.95, 0.97, 0.99, 0.995),
+              note="p 0.8-0.995 by domain, logit spread 1.0, domains of 1:1:2:3:4:5 windows"),
     )
+}
+
+
+def allocate(g: int, weights: tuple[float, ...]) -> np.ndarray:
+    """Windows per domain: largest remainder of g * weights, at least 2 each."""
+    w = np.asarray(weights, dtype=np.float64)
+    raw = g * w / w.sum()
+    out = np.maximum(np.floor(raw).astype(int), 2)
+    while out.sum() < g:
+        out[np.argmax(raw - out)] += 1
+    while out.sum() > g:
+        out[np.argmax(out - raw)] -= 1
+    return out
+
+
+def truth(shape: Shape, sizes: np.ndarray) -> float:
+    lv = np.asarray(shape.domain_levels, dtype=np.float64)
+    if shape.kind in ("mean", "paired"):
+        return float(np.sum(sizes * lv * shape.base) / sizes.sum())  # build 2's (paired)
+    x, w = np.polynomial.hermite_e.hermegauss(80)
+    e = np.array([np.sum(w * expit(math.log(p / (1 - p)) + shape.sigma_b * x)) / np.sum(w) for p in lv])
+    return float(np.sum(sizes * e) / sizes.sum())
+
+
+def draw(shape: Shape, sizes: np.ndarray, rng: np.random.Generator) -> tuple[np.ndarray, ...]:
+    """Per-window (S or y, N, domain code) of one replication, and for means the rows (the iid interval's)."""
+    dom = np.repeat(np.arange(sizes.size), sizes)
+    g = dom.size
+    n = rng.integers(shape.rows // 2, shape.rows + 1, g)
+    lv = np.asarray(shape.domain_levels, dtype=np.float64)[dom]
+    if shape.kind == "top1":
+        p = expit(np.log(lv / (1 - lv)) + shape.sigma_b * rng.standard_normal(g))
+        return rng.binomial(n, p).astype(np.float64), n.astype(np.float64), dom
+    mu = shape.base * lv * rng.lognormal(-shape.sigma_b**2 / 2, shape.sigma_b, g)
+    codes = np.repeat(np.arange(g), n)
+    if shape.token == "gamma":
+        x = rng.gamma(shape.token_param, 1.0 / shape.token_param, codes.size)
+    else:
+        x = rng.lognormal(-shape.token_param**2 / 2, shape.token_param, codes.size)
+    x *= mu[codes]
+    s = np.bincount(codes, weights=x, minlength=g)
+    if shape.kind == "paired":  # build 1: the same rows times a per-window effect and a per-row wobble
+        e = shape.effect * rng.lognormal(-shape.effect_sigma**2 / 2, shape.effect_sigma, g)
+        x1 = x * e[codes] * rng.lognormal(-0.125, 0.5, codes.size)
+        return s, n.astype(np.float64), dom, x, np.bincount(codes, weights=x1, minlength=g)
+    return s, n.astype(np.float64), dom, x
+
+
+@dataclass
+class Tally:
+    hits: dict[str, int] = field(default_factory=dict)
+    below: dict[str, int] = field(default_factory=dict)  # truth below the interval
+    widths: dict[str, list[float]] = field(default_factory=dict)  # width / truth, per replication
+    reps: int = 0
+
+    def add(self, name: str, ci, t: float) -> None:
+        lo, hi = ci
+        self.hits[name] = self.hits.get(name, 0) + int(lo <= t <= hi)
+        self.below[name] = self.below.get(name, 0) + int(t < lo)
+        self.widths.setdefault(name, []).append((hi - lo) / abs(t))
+
+    def width(self, name: str, q: float = 0.5) -> float:
+        return float(np.quantile(self.widths[name], q))
+
+    def coverage(self, name: str) -> float:
+        return self.hits[name] / self.reps
+
+
+def _bca(s, n, counts, conf, log=False):
+    theta, star, jack = ratio_means(s, n, counts)
+    if log:
+        with np.errstate(divide="ignore", invalid="ignore"):
+            lo, hi = bca_interval(np.log(theta[0]), np.log(star[:, 0]), np.log(jack[:, 0]), conf)["ci"]
+        return math.exp(lo), math.exp(hi)
+    return bca_interval(theta[0], star[:, 0], jack[:, 0], conf)["ci"]
+
+
+VARIANTS = (("", {}), ("-expanded", {"expand": True}), ("-symmetric", {"symmetric": True}),
+            ("-symmetric-expanded", {"symmetric": True, "expand": True}))
+
+
+def _t_variants(s, n, counts, dom, scale: str, confidence: float, h: int) -> dict[str, tuple[float, float]]:
+    """Each bootstrap-t variant of ``VARIANTS`` from one set of t* (as ``cluster_t_means`` computes them)."""
+    star, se_star = resampled_se(s, n, counts, dom)
+    se = float(np.sqrt(linearized_variance(s, n, dom)[0]))
+    theta = float(s.sum() / n.sum())
+    with np.errstate(invalid="ignore", divide="ignore"):
+        t = (_g(scale, star[:, 0]) - _g(scale, np.float64(theta))) / (_dg(scale, star[:, 0]) * se_star[:, 0])
+    out = {}
+    for suffix, kw in VARIANTS:
+        level = expanded_confidence(confidence, s.size, h) if kw.get("expand") else confidence
+        out[suffix] = t_interval(theta, se, t, scale, level, kw.get("symmetric", False))[:2]
+    return out
+
+
+def replicate(shape: Shape, g: int, reps: int, resamples: int, seed: int, confidence: float = 0.95) -> Tally:
+    rng = np.random.default_rng([seed, g, zlib.crc32(shape.name.encode())])  # reproducible (str hash is not)
+    sizes = allocate(g, shape.domain_weights)
+    t = truth(shape, sizes)
+    h = sizes.size
+    labels = {f"{k:03d}": f"d{d}" for k, d in enumerate(np.repeat(np.arange(h), sizes))}
+    cl = Clusters.from_pairs(labels)  # ids sorted = in domain order, so codes 0..g-1 match draw()'s order
+    zq = float(ndtri(0.5 + confidence / 2))
+    tq = float(stats.t.ppf(0.5 + confidence / 2, g - h))
+    conf_x = expanded_confidence(confidence, g, h)
+    tally = Tally()
+    for rep in range(reps):
+        rs = int(rng.integers(2**62))
+        counts = resample_counts(cl, resamples, rs)
+        counts_u = resample_counts(cl, resamples, rs + 1, stratified=False)
+        out = draw(shape, sizes, rng)
+        s, n, dom = out[0], out[1], out[2]
+        tally.reps += 1
+        theta = float(s.sum() / n.sum())
+        se = math.sqrt(float(linearized_variance(s, n, dom)[0]))
+        if shape.kind == "paired":
+            s1 = out[4]
+            for kind, tp in (("ratio", shape.effect), ("difference", t * (shape.effect - 1.0))):
+                r = paired_interval(kind, s1, n, s, n, counts, dom, confidence=confidence)
+                name = "cluster-bootstrap-t-log" if kind == "ratio" else "cluster-bootstrap-t"
+                tally.add(f"{kind}: {name}", r["ci"], tp)
+                tally.add(f"{kind}: cluster-bca", r["cluster_bca"]["ci"], tp)
+                r = paired_interval(kind, s1, n, s, n, counts, dom, confidence=confidence, symmetric=True, expand=True)
+                tally.add(f"{kind}: {name}-symmetric-expanded", r["ci"], tp)
+        elif shape.kind == "mean":
+            x = out[3]
+            tally.add("cluster-bca", _bca(s, n, counts, confidence), t)
+            tally.add("cluster-bca-unstratified", _bca(s, n, counts_u, confidence), t)
+            tally.add("cluster-bca-log", _bca(s, n, counts, confidence, log=True), t)
+            tally.add("cluster-bca-expanded", _bca(s, n, counts, conf_x), t)
+            star = (counts @ s) / (counts @ n)
+            a = (1 - confidence) / 2
+            tally.add("cluster-percentile", np.quantile(star, [a, 1 - a]), t)
+            tally.add("t-linearized", (theta - tq * se, theta + tq * se), t)
+            tally.add("t-linearized-log", (theta * math.exp(-tq * se / theta), theta * math.exp(tq * se / theta)), t)
+            bt = cluster_t_means(np.stack([s, s], 1), np.stack([n, n], 1), counts, dom, ["identity", "log"],
+                                 confidence)
+            tally.add("cluster-bootstrap-t", bt[0]["ci"], t)
+            tally.add("cluster-bootstrap-t-log", bt[1]["ci"], t)
+            tally.add("cluster-bootstrap-t-log-unstratified",
+                      cluster_t_means(s, n, counts_u, None, "log", confidence)[0]["ci"], t)
+            for suffix, ci in _t_variants(s, n, counts, dom, "log", confidence, h).items():
+                if suffix:
+                    tally.add("cluster-bootstrap-t-log" + suffix, ci, t)
+            half = zq * x.std(ddof=1) / math.sqrt(x.size)
+            tally.add("iid-token", (x.mean() - half, x.mean() + half), t)
+        else:
+            w = wilson_figure(s, n, confidence)
+            tally.add("wilson", w["wilson"]["ci"], t)
+            tally.add("wilson-design-effect", w["wilson_deff"]["ci"] if w["wilson_deff"] else (theta, theta), t)
+            tally.add("cluster-bca", _bca(s, n, counts, confidence), t)
+            lg, sg = math.log(theta / (1 - theta)), se / (theta * (1 - theta))
+            tally.add("t-linearized-logit", (expit(lg - tq * sg), expit(lg + tq * sg)), t)
+            bt = cluster_t_means(np.stack([s, s], 1), np.stack([n, n], 1), counts, dom, ["identity", "logit"],
+                                 confidence)
+            tally.add("cluster-bootstrap-t", bt[0]["ci"], t)
+            tally.add("cluster-bootstrap-t-logit", bt[1]["ci"], t)
+            for suffix, ci in _t_variants(s, n, counts, dom, "logit", confidence, h).items():
+                if suffix:
+                    tally.add("cluster-bootstrap-t-logit" + suffix, ci, t)
+    return tally

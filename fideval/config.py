@@ -192,6 +192,11 @@ class Gates(Strict):
     top1_min: float | None = Field(None, ge=0, le=1)
 
 
+class NoiseFloor(Strict):
+    micro_batch: int = Field(2, ge=1, description="the harmless change: the teacher is run again with this many "
+                             "sequences per attention call, and its logits are scored against the reference's")
+
+
 class ReportConfig(Strict):
     resamples: int = Field(10_000, ge=100, description="bootstrap resamples B")
     seed: int = 0
@@ -200,6 +205,8 @@ class ReportConfig(Strict):
     gates: Gates = Field(default_factory=Gates)
     base_model: str | None = Field(None, description="model-card base_model; defaults to model.id")
     card_template: str | None = Field(None, description="a jinja2 template replacing the card's markdown body")
+    noise_floor: NoiseFloor | None = Field(None, description="the noise floor: the reference against itself under "
+                                           "a harmless change, scored like a build (null: not run)")
 
 
 class Config(Strict):

@@ -58,6 +58,19 @@ def test_the_demo_report_round_trips_byte_for_byte():
     assert again == raw
 
 
+def test_a_version_2_report_round_trips_and_a_version_1_report_keeps_its_own_keys():
+    v2 = copy.deepcopy(HAND) | {"version": 2, "noise_floor": [{"path": "store", "length": 64, "mean_kld": MEAN}]}
+    v2["settings"] |= {"strata": "domain", "intervals": {"default": {"mean": "cluster-bootstrap-t-log"}}}
+    v2["results"][0]["views"] = {"micro_macro": {}}
+    r = parse(Report, copy.deepcopy(v2), "report.json")
+    assert r.version == 2 and r.settings.strata == "domain" and r.noise_floor[0]["length"] == 64
+    assert dump(r) == v2
+    # read as version 1 (no version 2 keys): dumped again without them, not with nulls
+    r1 = parse(Report, copy.deepcopy(HAND), "report.json")
+    assert r1.noise_floor is None and r1.results[0].views is None
+    assert dump(r1) == HAND and "noise_floor" not in dump(r1)
+
+
 def test_an_older_report_without_the_later_keys_is_read():
     old = copy.deepcopy(HAND)
     for k in ("cluster", "resampling", "methods", "mean", "card_template"):
@@ -81,7 +94,7 @@ def _break(edit):
     (lambda o: o["settings"].update(quantiles=[0.5, "x"]), "'settings.quantiles[1]' is 'x', expected number"),
     (lambda o: o["plots"][0].pop("kind"), "missing key 'plots[0].kind'"),
     (lambda o: o["provenance"]["dataset"].update(windows={}), "provenance.dataset: 'windows' is {}, expected list"),
-    (lambda o: o.update(version=2), "has report format version 2 (a newer fideval); this fideval reads version 1"),
+    (lambda o: o.update(version=3), "has report format version 3 (a newer fideval); this fideval reads version 1, 2"),
     (lambda o: o.update(version=0), "has report format version 0 (an older fideval)"),
     (lambda o: o.update(format="fideval.score"), "is not a fideval.report file (format 'fideval.score')"),
 ])

@@ -64,7 +64,7 @@ def _frame(dirs, i):
 def test_figures_match_independent_computation(demo, report):
     root, dirs = demo
     rep, _ = report
-    assert rep["format"] == "fideval.report" and rep["version"] == 1
+    assert rep["format"] == "fideval.report" and rep["version"] == 2
     by_key = {(r["candidate"], r["path"], r["length"]): r for r in rep["results"]}
     df = _frame(dirs, 0)  # q4 serving 256
     r = by_key[("q4", "serving", 256)]
@@ -138,9 +138,56 @@ def test_report_interval_equals_scipy_for_one_domain(tmp_path):
         n_resamples=2000,
         rng=np.random.default_rng(11),
     ).confidence_interval
-    np.testing.assert_allclose(
-        rep["results"][0]["overall"]["mean_kld"]["ci"], [ref.low, ref.high], rtol=1e-12
-    )
+    mean = rep["results"][0]["overall"]["mean_kld"]
+    # the seed's interval, printed beside the default, is scipy's BCa on the same window draws
+    np.testing.assert_allclose(mean["cluster_bca"]["ci"], [ref.low, ref.high], rtol=1e-12)
+    assert mean["cluster_bca"]["method"] == "cluster-bca"
+    # the default: the cluster bootstrap-t of log(mean KLD) on the same draws (tests/test_stats_studentized.py)
+    from fideval.stats.clusters import resample_counts
+    from fideval.stats.intervals import VARIANT
+    from fideval.stats.studentized import cluster_t_means, method_name
+
+    (bt,) = cluster_t_means(s, n, resample_counts(len(s), 2000, 11), None, "log", **VARIANT)
+    assert mean["method"] == method_name("log", **VARIANT) and mean["scale"] == "log"
+    np.testing.assert_allclose(mean["ci"], bt["ci"], rtol=1e-12)
+
+
+def _interval_blocks(obj, where="report"):
+    """Every block of report.json holding an interval ('ci'), with where it is."""
+    if isinstance(obj, dict):
+        if "ci" in obj:
+            yield where, obj
+        for k, v in obj.items():
+            yield from _interval_blocks(v, f"{where}.{k}")
+    elif isinstance(obj, list):
+        for i, v in enumerate(obj):
+            yield from _interval_blocks(v, f"{where}[{i}]")
+
+
+def test_every_interval_says_how_it_was_made(report):
+    rep, _ = report
+    blocks = list(_interval_blocks(rep["results"]) ) + list(_interval_blocks(rep["comparisons"]))
+    assert len(blocks) > 100
+    for where, b in blocks:
+        missing = {"method", "unit", "confidence"} - set(b)
+        assert not missing, (where, missing)
+        if b["unit"] == "window" and b["method"] not in ("wilson-design-effect",):
+            assert all(b.get(k) is not None for k in ("resamples", "seed", "strata", "clusters")), where
+    o = rep["results"][0]["overall"]
+    from fideval.stats.intervals import VARIANT
+    from fideval.stats.studentized import method_name
+
+    assert o["mean_kld"]["method"] == method_name("log", **VARIANT) and o["mean_kld"]["strata"] == 3
+    assert o["mean_kld"]["cluster_bca"]["method"] == "cluster-bca"
+    assert o["mean_delta_nll"]["method"] == method_name("identity", **VARIANT)
+    t = o["top1"]
+    assert t["method"] == method_name("logit", **VARIANT) and t["wilson"]["unit"] == "token"
+    assert t["wilson"]["method"] == "wilson" and t["wilson_deff"]["unit"] == "window"
+    # the iid Wilson interval is the narrowest: it ignores that a window's tokens agree together
+    assert t["wilson"]["ci"][1] - t["wilson"]["ci"][0] < t["ci"][1] - t["ci"][0]
+    st = rep["settings"]
+    assert st["strata"] == "domain" and st["intervals"]["default"]["proportion (top-k agreement)"] == t["method"]
+    assert all(m in st["methods"] for _, b in _interval_blocks(rep["results"]) for m in [b["method"]])
 
 
 def test_summaries(demo, report):
@@ -356,7 +403,7 @@ def test_bad_inputs_are_one_line(demo, tmp_path):
     assert code == 2 and "sequence code-000 of q4/serving/256 is in both" in err
 
 
-@pytest.mark.parametrize("version,word", [(0, "an older"), (2, "a newer")])
+@pytest.mark.parametrize("version,word", [(0, "an older"), (3, "a newer")])
 def test_card_and_check_refuse_other_versions(report, tmp_path, version, word):
     rep, _ = report
     p = tmp_path / "report.json"
@@ -364,7 +411,7 @@ def test_card_and_check_refuse_other_versions(report, tmp_path, version, word):
     for verb in (["check", str(p)], ["card", str(p), "--out", str(tmp_path / "README.md")]):
         code, _, err = run_fideval(*verb)
         assert code == 2 and err.count("\n") == 1
-        assert f"report format version {version} ({word} fideval); this fideval reads version 1" in err
+        assert f"report format version {version} ({word} fideval); this fideval reads version 1, 2" in err
 
 
 def test_reads_the_scorers_writer_and_splits_lengths(tmp_path):

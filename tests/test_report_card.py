@@ -202,3 +202,54 @@ def test_card_needs_candidate_when_several(report_dir, tmp_path):
     assert code == 2 and "holds 2 candidates (q4, q8)" in err and "--candidate" in err
     code, _, err = run_fideval("card", str(report_dir), "--out", str(tmp_path / "R.md"), "--candidate", "q2")
     assert code == 2 and "'q2' is not in the report" in err
+
+
+def test_card_labels_each_interval_and_prints_the_others_beside(report_dir, tmp_path):
+    out = tmp_path / "README.md"
+    assert run_fideval("card", str(report_dir), "--out", str(out), "--candidate", "q4")[0] == 0
+    text = out.read_text()
+    rep = json.loads((report_dir / "report.json").read_text())
+    r = next(r for r in rep["results"] if (r["candidate"], r["path"]) == ("q4", "serving"))
+    m, t = r["overall"]["mean_kld"], r["overall"]["top1"]
+    assert "mean KLD [bootstrap-t 95 %]" in text and "top-1 agreement [bootstrap-t 95 %]" in text
+    assert "[BCa 95 %]" not in text and "[Wilson 95 %]" not in text  # no interval under another's name
+    bca, wil = m["cluster_bca"]["ci"], t["wilson"]["ci"]
+    assert (f"| serving | 128 | {m['estimate']:.4g} [{bca[0]:.4g}, {bca[1]:.4g}] | "
+            f"{100 * t['estimate']:.2f} % [{100 * wil[0]:.2f}, {100 * wil[1]:.2f}] |") in text
+    # the comparison sentence comes with its interval and says whether it excludes 1
+    c = next(c for c in rep["comparisons"]["builds"] if c["numerator"] == "q4" and c["path"] == "serving")
+    assert c["estimate"] > 1 and c["excludes"]
+    assert (f"- This build raises the mean KLD {c['estimate']:.3g} times [{c['ci'][0]:.3g}, {c['ci'][1]:.3g}] "
+            f"against q8 (serving, 128 tokens) (95 % bootstrap-t); the interval excludes 1") in text
+    fm = yaml.safe_load(text.split("---\n")[1])
+    top1 = next(m for m in fm["model-index"][0]["results"][0]["metrics"] if m["type"] == "top1_agreement")
+    assert top1["args"]["interval"] == t["method"] and t["method"].startswith("cluster-bootstrap-t-logit")
+
+
+def test_a_version_1_report_keeps_its_card(report_dir, tmp_path):
+    """An older report (BCa means, iid Wilson top-1, no views) is read and its card labels them as such."""
+    rep = json.loads((report_dir / "report.json").read_text())
+    old = json.loads(json.dumps(rep))
+    old["version"] = 1
+    for k in ("noise_floor",):
+        old.pop(k)
+    for k in ("strata", "intervals"):
+        old["settings"].pop(k)
+    for r in old["results"]:
+        r.pop("views")
+        for name in ("mean_kld", "mean_rkld", "mean_delta_nll"):
+            f = r["overall"][name]
+            r["overall"][name] = {**{k: v for k, v in f.items() if k != "cluster_bca"}, **f["cluster_bca"]}
+        for name in ("top1", "top5", "top10"):
+            f = r["overall"][name]
+            r["overall"][name] = {k: f[k] for k in ("estimate", "rows", "clusters", "wilson", "wilson_deff",
+                                                    "cluster_bca")}
+    p = tmp_path / "report.json"
+    p.write_text(json.dumps(old))
+    out = tmp_path / "README.md"
+    code, _, err = run_fideval("card", str(p), "--out", str(out), "--candidate", "q4")
+    assert code == 0, err
+    text = out.read_text()
+    assert "mean KLD [BCa 95 %]" in text and "top-1 agreement [Wilson 95 %]" in text
+    assert "beside the default" not in text and "This build" not in text
+    assert run_fideval("check", str(p))[0] == 0

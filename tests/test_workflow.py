@@ -72,6 +72,25 @@ def test_rules_pass_the_files_they_declare():
     assert all(f.endswith("/records.parquet") for f in given["--records"] + given["--self-check"])
 
 
+def test_the_noise_floor_rules_run_only_when_the_config_asks(tmp_path):
+    """report.noise_floor: the teacher again with another micro-batch into teacher-noise/, scored against the
+    reference as 'noise-floor', each records file handed to the report as --noise-floor; without it, none."""
+    cfg = tmp_path / "noise.yaml"
+    cfg.write_text((ROOT / "configs" / "demo.yaml").read_text().replace("  gates:", "  noise_floor: {micro_batch: 2}\n  gates:"))
+    r = snakemake("-n", "-p", "--forceall", "--directory", str(ROOT), "--configfile", str(cfg))
+    assert r.returncode == 0, r.stderr[-2000:]
+    shells = [ln.removeprefix("Shell command: ") for ln in (r.stdout + r.stderr).splitlines() if ln.startswith("Shell command: ")]
+    noise = [s for s in shells if "/teacher-noise/" in s and s.startswith("fideval teacher")]
+    assert len(noise) == 2 * 6 and all("--micro-batch 2" in s for s in noise)
+    scored = [s for s in shells if s.startswith("fideval score") and "--name noise-floor" in s]
+    assert len(scored) == 2 * 6 and all("--candidate results/demo/teacher-noise/" in s for s in scored)
+    (report,) = [s.split() for s in shells if s.startswith("fideval report")]
+    floor = [report[i + 1] for i, a in enumerate(report) if a == "--noise-floor"]
+    assert len(floor) == 2 * 6 and all(f.startswith("results/demo/records/noise-floor/store/") for f in floor)
+    plain = snakemake("-n", "-p", "--forceall", "--directory", str(ROOT))
+    assert "teacher-noise" not in plain.stdout + plain.stderr and "--noise-floor" not in plain.stdout + plain.stderr
+
+
 BAD_CONFIG = """run: bad
 model: {path: demo://model, id: fideval/demo-deepseek-v3-tiny}
 domains:

@@ -15,6 +15,9 @@ def report(
     windows: Annotated[Path | None, typer.Option("--windows", help="eval-windows.json (token SHA-256 per window), or its folder")] = None,
     config: Annotated[Path | None, options.config("config YAML: report settings, gates, model ids")] = None,
     self_check: Annotated[list[Path], typer.Option("--self-check", help="records of the teacher scored against itself (repeatable)")] = [],
+    noise_floor: Annotated[list[Path], typer.Option(
+        "--noise-floor", help="records of the reference scored against itself under a harmless change (another "
+        "micro-batch or thread count): the noise floor (repeatable)")] = [],
     teacher_manifest: Annotated[list[Path], typer.Option(
         "--teacher-manifest", help="a logit store's manifest.json (canary); repeatable")] = [],
     resamples: Annotated[int | None, typer.Option("--resamples", min=100, help="bootstrap resamples (default: config or 10,000)")] = None,
@@ -32,7 +35,8 @@ def report(
     rc = rc.model_copy(update=upd) if upd else rc
     win = load_windows(options.folder_of(windows, "eval-windows.json")) if windows is not None else None
     built = build([str(options.folder_of(r, "records.parquet")) for r in records],
-                  self_check_dirs=[str(options.folder_of(d, "records.parquet")) for d in self_check], windows=win, cfg=cfg,
+                  self_check_dirs=[str(options.folder_of(d, "records.parquet")) for d in self_check],
+                  noise_dirs=[str(options.folder_of(d, "records.parquet")) for d in noise_floor], windows=win, cfg=cfg,
                   manifests=[load_teacher_manifest(m) for m in teacher_manifest], settings=rc)
     path = write(built, out, plots=plots)
     failed = [c["name"] for c in built.report["checks"] if c["status"] == "fail"]

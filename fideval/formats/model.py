@@ -27,11 +27,16 @@ from fideval.errors import FidevalError
 _NO_DEFAULT = dataclasses.MISSING
 
 
-def key(doc: str, *, default: Any = _NO_DEFAULT) -> Any:
-    """A model field with its meaning (the docs table's last column); ``default`` makes it optional to read."""
+def key(doc: str, *, default: Any = _NO_DEFAULT, since: int | None = None) -> Any:
+    """A model field with its meaning (the docs table's last column); ``default`` makes it optional to read.
+
+    ``since``: the file version that introduced the key. An older file read and dumped again leaves such a
+    key out when it is absent (None), so re-dumping a file of an older version gives back its own bytes.
+    """
     if isinstance(default, (list, dict)):
         raise TypeError("give mutable defaults as None")  # a shared list would leak between instances
-    return dataclasses.field(default=default, metadata={"doc": doc})
+    meta = {"doc": doc} if since is None else {"doc": doc, "since": since}
+    return dataclasses.field(default=default, metadata=meta)
 
 
 class Model:
@@ -157,14 +162,24 @@ def parse(cls: type, obj: Any, origin: str, at: str = "") -> Any:
     return _parse(cls, obj, origin, at, hint)
 
 
-def dump(obj: Any) -> Any:
-    """A model (or a list/dict of models) as plain JSON values, fields in declaration order."""
+def dump(obj: Any, version: Any = None) -> Any:
+    """A model (or a list/dict of models) as plain JSON values, fields in declaration order.
+
+    A key introduced after the file's ``version`` (``key(since=...)``) is left out while it is None."""
     if dataclasses.is_dataclass(obj) and not isinstance(obj, type):
-        return {f.name: dump(getattr(obj, f.name)) for f in dataclasses.fields(obj)}
+        v = getattr(obj, "version", version) if type(obj).FORMAT is not None else version
+        out = {}
+        for f in dataclasses.fields(obj):
+            x = getattr(obj, f.name)
+            since = f.metadata.get("since")
+            if x is None and since is not None and isinstance(v, int) and v < since:
+                continue
+            out[f.name] = dump(x, v)
+        return out
     if isinstance(obj, list):
-        return [dump(x) for x in obj]
+        return [dump(x, version) for x in obj]
     if isinstance(obj, dict):
-        return {k: dump(x) for k, x in obj.items()}
+        return {k: dump(x, version) for k, x in obj.items()}
     return obj
 
 
@@ -174,6 +189,8 @@ def fields_table(cls: type) -> str:
     rows = ["| key | type | required | meaning |", "| --- | --- | --- | --- |"]
     for f in dataclasses.fields(cls):
         doc = f.metadata.get("doc", "").replace("|", "\\|")
+        if f.metadata.get("since"):
+            doc += f" (version {f.metadata['since']} on)"
         req = "yes" if f.default is _NO_DEFAULT or (cls.FORMAT and f.name in ("format", "version")) else "no"
         rows.append(f"| `{f.name}` | {_type_name(hints[f.name])} | {req} | {doc} |")
     return "\n".join(rows)

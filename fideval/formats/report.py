@@ -1,4 +1,4 @@
-"""``report.json`` (format ``fideval.report`` v1): what ``fideval report`` measured, from what, and how.
+"""``report.json`` (format ``fideval.report`` v2; v1 still read): what ``fideval report`` measured, from what, how.
 
 Written by ``fideval.report.build``, read by ``fideval card`` and ``fideval check``
 (``fideval.report.schema.load_report``). The blocks the card and check read by name (settings,
@@ -6,6 +6,13 @@ provenance, each result's identity) are typed here; the figure blocks (MEAN, AGR
 ``docs/formats-report.md``), comparisons and checks stay JSON objects, since their keys vary by figure and
 check. Keys a reader requires are those the report has always been checked for; the rest are optional to
 read (older reports may lack them) and always written.
+
+Version 2 (issue 28): a MEAN block's ``ci``/``method`` are the default interval (cluster bootstrap-t on the
+figure's scale) with the cluster BCa beside it in ``cluster_bca``; AGREEMENT gains the same default beside
+its Wilson intervals; every interval names ``method``, ``unit``, ``resamples``, ``seed``, ``strata`` and
+``clusters``; comparisons gain build differences and path ratios with ``excludes``; results gain ``views``;
+the report gains ``noise_floor``. A version 1 report is read as it is (its ``ci`` is then the BCa's, and
+its ``method`` says so): ``card`` and ``check`` label every interval by its ``method``.
 """
 
 from __future__ import annotations
@@ -35,6 +42,11 @@ class Settings(Model):
     methods: dict[str, str] | None = key("each interval method's name and description", default=None)
     mean: str | None = key("how a mean is taken, in words", default=None)
     card_template: str | None = key("the card body template (config `report.card_template`), or null", default=None)
+    strata: str | None = key("the column windows are stratified by when resampled (`domain`)", default=None,
+                             since=2)
+    intervals: dict[str, Any] | None = key("`default`: the default interval method per kind of figure; "
+                                           "`beside`: the intervals printed beside it; `coverage`: where "
+                                           "their measured coverage is", default=None, since=2)
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -113,6 +125,8 @@ class Result(Model):
     confidence_buckets: list[dict[str, Any]] = key("top-1 agreement by reference top-1 probability bucket")
     sequences: int | None = key("sequences scored", default=None)
     inputs: list[Part] | None = key("the records folders merged into this set", default=None)
+    views: dict[str, Any] | None = key("`micro_macro`, `depth`, `worst_windows`, `top1_flips` (see VIEWS)",
+                                       default=None, since=2)
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -137,18 +151,22 @@ class Plot(Model):
 @dataclass(frozen=True, kw_only=True)
 class Report(Model):
     FORMAT = "fideval.report"
-    VERSION = 1
+    VERSION = 2
+    READABLE = (1, 2)
     KIND = "report format"
     HINT = _HINT
 
     format: str = key("`fideval.report`", default=FORMAT)
-    version: int = key("`1`", default=VERSION)
+    version: int = key("`2` (`1`: read as written)", default=VERSION)
     settings: Settings = key("the statistics' settings")
     provenance: Provenance = key("what was measured, against what, by which fideval")
     results: list[Result] = key("one per records set, sorted by (candidate, path, length)")
-    comparisons: dict[str, list[dict[str, Any]]] = key("`builds`, `paths`, `lengths`: ratios and differences "
-                                                       "(MEAN plus the figure's identity)")
+    comparisons: dict[str, list[dict[str, Any]]] = key("`builds`, `build_differences`, `paths`, `path_ratios`, "
+                                                       "`lengths`: paired ratios and differences (PAIRED)")
     checks: list[dict[str, Any]] = key("`name`, `status` (`pass`, `fail`, `not_run`), `detail`, and the "
                                        "check's own figures")
     gates: Gates = key("the gates `fideval check` applies by default")
     plots: list[Plot] = key("the plots written beside report.json")
+    noise_floor: list[dict[str, Any]] | None = key("the reference scored against itself under a harmless "
+                                                   "change, per path and length (NOISE), or []",
+                                                   default=None, since=2)

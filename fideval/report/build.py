@@ -22,11 +22,14 @@ from fideval.config import Config, ReportConfig
 from fideval.errors import FidevalError
 from fideval.provenance import canonical_hash, tool_block
 from fideval.report import checks
+from fideval.report.comparisons import comparisons
 from fideval.report.figures import SetFigures, summary
 from fideval.report.identity import candidate_identity
 from fideval.report.inputs import RecordSet, load_records, merge
+from fideval.report.noise import noise_floor
 from fideval.report.schema import FORMAT, VERSION, plain
-from fideval.stats.bootstrap import cluster_bca_difference, cluster_bca_ratio
+from fideval.report.views import views
+from fideval.stats import intervals
 from fideval.stats.clusters import Clusters, resample_counts
 from fideval.stats.quantiles import QUANTILE_METHOD
 
@@ -54,9 +57,11 @@ def _settings(rc: ReportConfig) -> dict[str, Any]:
             "cluster-percentile": "percentile interval over window resamples",
             "wilson": "Wilson score interval, tokens as independent trials",
             "wilson-design-effect": "Wilson at n_eff = rows / Deff, Deff = cluster (ratio-estimator) variance / binomial variance",
+            **intervals.METHODS,
         },
         "mean": "token-weighted: sum over rows / rows",
         "card_template": rc.card_template,
+        **intervals.settings(),
     }
 
 
@@ -79,59 +84,6 @@ def _domain_order(sets: list[RecordSet], windows: dict[str, Any] | None, cfg: Co
     if windows is not None:
         extra |= {w["domain"] for w in windows["windows"].values()}
     return names + sorted(extra - set(names))
-
-
-def _comparisons(
-    figs: dict[tuple[str, str, int], SetFigures], counts: np.ndarray, conf: float, seed: int
-) -> dict[str, Any]:
-    def fig(r: dict[str, Any]) -> dict[str, Any]:
-        r.update(seed=seed, confidence=conf)
-        return r
-
-    builds, paths, lengths = [], [], []
-    keys = sorted(figs)
-    for a in keys:
-        for b in keys:
-            fa, fb = figs[a], figs[b]
-            if a == b:
-                continue
-            if a[1:] == b[1:]:  # same path and length, other candidate
-                r = fig(cluster_bca_ratio(fa.s_kld, fa.n_all, fb.s_kld, fb.n_all, counts, conf))
-                builds.append(
-                    {
-                        "figure": "mean_kld_ratio",
-                        "path": a[1],
-                        "length": a[2],
-                        "numerator": a[0],
-                        "denominator": b[0],
-                        **r,
-                    }
-                )
-            if a[0] == b[0] and a[2] == b[2] and (a[1], b[1]) == ("serving", "weights-only"):
-                r = fig(cluster_bca_difference(fa.s_kld, fa.n_all, fb.s_kld, fb.n_all, counts, conf))
-                paths.append(
-                    {
-                        "figure": "mean_kld_difference",
-                        "candidate": a[0],
-                        "length": a[2],
-                        "minuend": a[1],
-                        "subtrahend": b[1],
-                        **r,
-                    }
-                )
-            if a[:2] == b[:2] and a[2] < b[2]:
-                r = fig(cluster_bca_ratio(fa.s_kld, fa.n_all, fb.s_kld, fb.n_all, counts, conf))
-                lengths.append(
-                    {
-                        "figure": "mean_kld_ratio",
-                        "candidate": a[0],
-                        "path": a[1],
-                        "numerator": a[2],
-                        "denominator": b[2],
-                        **r,
-                    }
-                )
-    return {"builds": builds, "paths": paths, "lengths": lengths}
 
 
 def _provenance(
@@ -250,6 +202,7 @@ def build(
     record_dirs: list[str | Path],
     *,
     self_check_dirs: list[str | Path] = (),
+    noise_dirs: list[str | Path] = (),
     windows: dict[str, Any] | None = None,
     cfg: Config | None = None,
     manifests: list[dict[str, Any]] = (),
@@ -257,20 +210,23 @@ def build(
 ) -> Built:
     """Everything of a report in memory. Folders of one (candidate, path, length) — the workflow scores each
     domain into its own — are merged; ``self_check_dirs`` hold the teacher scored against itself and feed
-    only the ``self_score_zero`` check."""
+    only the ``self_score_zero`` check; ``noise_dirs`` the reference scored against itself under a harmless
+    change (``fideval/report/noise.py``)."""
     if not record_dirs:
         raise FidevalError("no records given", hint="pass --records DIR (repeatable)")
     rc = settings or (cfg.report if cfg is not None else ReportConfig())
     sets = merge([rs for d in record_dirs for rs in load_records(d)])
     self_sets = merge([rs for d in self_check_dirs for rs in load_records(d)])
+    noise_sets = merge([rs for d in noise_dirs for rs in load_records(d)])
     manifests = list(manifests)
-    clusters = Clusters.from_pairs(_window_domains(sets))
+    clusters = Clusters.from_pairs(_window_domains(sets + noise_sets))
     counts = resample_counts(clusters, rc.resamples, rc.seed)
     domains = _domain_order(sets, windows, cfg)
-    figs = {}
-    for rs in sets:
+    strata = np.unique(np.asarray(clusters.strata), return_inverse=True)[1]
+    figs, noise = {}, {}
+    for into, rs in [(figs, r) for r in sets] + [(noise, r) for r in noise_sets]:
         codes = clusters.codes(rs.cols["window_id"])
-        figs[rs.key] = SetFigures(
+        into[rs.key] = SetFigures(
             rs,
             codes,
             clusters.size,
@@ -279,7 +235,13 @@ def build(
             confidence=rc.confidence,
             seed=rc.seed,
             qs=list(rc.quantiles),
+            strata=strata,
         )
+    sources = {w: v.get("sources") for w, v in windows["windows"].items()} if windows is not None else None
+    for rs in sets:
+        figs[rs.key].result["views"] = views(rs, figs[rs.key].codes, clusters.size, counts, strata,
+                                             confidence=rc.confidence, seed=rc.seed, window_sources=sources,
+                                             window_ids=clusters.ids)
     gates = rc.gates.model_dump(mode="json")
     report = {
         "format": FORMAT,
@@ -287,10 +249,11 @@ def build(
         "settings": _settings(rc) | {"clusters": clusters.size, "domains": domains},
         "provenance": _provenance(sets, self_sets, windows, cfg, manifests, clusters),
         "results": [figs[k].result for k in sorted(figs)],
-        "comparisons": _comparisons(figs, counts, rc.confidence, rc.seed),
+        "comparisons": comparisons(figs, counts, rc.confidence, rc.seed, strata),
         "checks": checks.run_all(sets, self_sets, windows, manifests),
         "gates": gates,
         "plots": [],
+        "noise_floor": noise_floor(noise, figs),
     }
     summaries = {}
     for cand, path in sorted({(rs.candidate, rs.path) for rs in sets}):

@@ -16,6 +16,7 @@ from typing import Any
 
 from fideval.errors import FidevalError
 from fideval.report import card_meta
+from fideval.report.card_intervals import beside_context
 
 TOOL_URL = "https://github.com/fideval/fideval"
 HEADLINE_QUANTILES = (0.5, 0.9, 0.99, 0.999)
@@ -36,8 +37,12 @@ def _ci(fig: dict[str, Any] | None, digits: int = 4) -> str:
 def _pct(fig: dict[str, Any] | None) -> str:
     if fig is None:
         return "—"
-    lo, hi = fig["wilson"]["ci"]
-    return f"{100 * fig['estimate']:.2f} % [{100 * lo:.2f}, {100 * hi:.2f}]"
+    lo, hi = (fig if "ci" in fig else fig["wilson"])["ci"]  # the default; a version 1 report's card took Wilson's
+    return f"{100 * fig['estimate']:.2f} % [{_p(lo)}, {_p(hi)}]"
+
+
+def _p(x: float | None) -> str:
+    return "—" if x is None else f"{100 * x:.2f}"
 
 
 def pick_candidate(report: dict[str, Any], candidate: str | None) -> str:
@@ -136,7 +141,7 @@ def card_context(
         for r in rows
     ]
     ds = card_meta._dataset(report)
-    return {
+    return beside_context(report, rows) | {
         "title": f"{candidate}: fidelity to {prov['reference']['model_id']}",
         "candidate": candidate,
         "reference": prov["reference"],

@@ -1,10 +1,11 @@
 """Every figure of one records set (a candidate, path and length), on the report's shared resamples.
 
 Means are token-weighted (each scored row counts once, so a long window weighs more than a short one):
-the figure a reader compares across builds is "mean KLD per predicted token". Their intervals are the
-cluster BCa of ``fideval/stats/bootstrap.py``; top-1 agreement carries three intervals (Wilson, design-
-effect Wilson, cluster BCa) because they answer different questions: Wilson assumes independent tokens,
-the other two account for windows. All per-window sums of a set go into one ``[G, F]`` matrix so every
+the figure a reader compares across builds is "mean KLD per predicted token". Their default interval is
+the cluster bootstrap-t of ``fideval/stats/studentized.py``, with the cluster BCa of
+``fideval/stats/bootstrap.py`` beside it (``fideval/stats/intervals.py``); top-1 agreement also carries
+the Wilson and design-effect Wilson intervals, labelled: Wilson assumes independent tokens, the others
+account for windows. All per-window sums of a set go into one ``[G, F]`` matrix so every
 mean of the set (overall, per domain, per position bucket) is one matmul with the count matrix.
 """
 
@@ -15,10 +16,10 @@ from typing import Any
 import numpy as np
 
 from fideval.report.inputs import RecordSet
-from fideval.stats.bootstrap import cluster_bca_means
 from fideval.stats.clusters import cluster_sums
+from fideval.stats.intervals import SCALES, agreement_block, mean_intervals
 from fideval.stats.quantiles import quantile_figures
-from fideval.stats.wilson import wilson_figure, wilson_interval
+from fideval.stats.wilson import wilson_interval
 
 # reference top-1 probability buckets for "top-1 agreement by reference confidence"
 CONFIDENCE_EDGES = (0.0, 0.2, 0.4, 0.6, 0.8, 0.9, 0.95, 0.99, 1.0)
@@ -56,8 +57,10 @@ class SetFigures:
         confidence: float,
         seed: int,
         qs: list[float],
+        strata: np.ndarray | None = None,
     ):
         self.rs, self.codes, self.g = rs, codes, n_clusters
+        self.strata = strata  # domain of each window (None: one stratum)
         self.counts, self.confidence, self.seed, self.qs = counts, confidence, seed, qs
         c = rs.cols
         self.values = {
@@ -77,23 +80,18 @@ class SetFigures:
             fig.update(seed=self.seed, confidence=self.confidence)
         return fig
 
-    def _agreement(self, name: str, mask: np.ndarray | None, bca: dict[str, Any]) -> dict[str, Any]:
+    def _quantiles(self, mask: np.ndarray | None) -> list[dict[str, Any]]:
+        codes = self.codes if mask is None else self.codes[mask]
+        kld = self.rs.cols["kld"] if mask is None else self.rs.cols["kld"][mask]
+        n_strata = 1 if self.strata is None else int(np.unique(np.asarray(self.strata)[np.unique(codes)]).size)
+        return [self._stamp(q) | {"unit": "window", "strata": n_strata}
+                for q in quantile_figures(kld, codes, self.counts, self.qs, self.confidence)]
+
+    def _agreement(self, name: str, mask: np.ndarray | None, mean: dict[str, Any]) -> dict[str, Any]:
         codes = self.codes if mask is None else self.codes[mask]
         y = self.values[name] if mask is None else self.values[name][mask]
-        w = wilson_figure(
-            cluster_sums(codes, y, self.g), cluster_sums(codes, np.ones(codes.size), self.g), self.confidence
-        )
-        w["wilson"].update(confidence=self.confidence)
-        if w["wilson_deff"] is not None:
-            w["wilson_deff"].update(confidence=self.confidence)
-        return {
-            "estimate": w["estimate"],
-            "rows": int(codes.size),
-            "clusters": bca["clusters"],
-            "wilson": w["wilson"],
-            "wilson_deff": w["wilson_deff"],
-            "cluster_bca": self._stamp(bca),
-        }
+        n = cluster_sums(codes, np.ones(codes.size), self.g)
+        return agreement_block(cluster_sums(codes, y, self.g), n, mean, self.confidence)
 
     def _compute(self) -> dict[str, Any]:
         rs, g, codes = self.rs, self.g, self.codes
@@ -111,14 +109,13 @@ class SetFigures:
             cm = codes if m is None else codes[m]
             s[:, j] = cluster_sums(cm, self.values[v] if m is None else self.values[v][m], g)
             n[:, j] = cluster_sums(cm, np.ones(cm.size), g)
-        bca = dict(zip((name for name, _, _ in cols), cluster_bca_means(s, n, self.counts, self.confidence)))
+        scales = [SCALES[v] for _, _, v in cols]
+        bca = dict(zip((name for name, _, _ in cols), mean_intervals(
+            s, n, self.counts, self.strata, scales, confidence=self.confidence, seed=self.seed)))
 
         overall: dict[str, Any] = {f: self._stamp(bca[f]) for f, _ in OVERALL_MEANS}
         overall |= {a: self._agreement(a, None, bca[a]) for a in AGREEMENT}
-        overall["kld_quantiles"] = [
-            self._stamp(q)
-            for q in quantile_figures(rs.cols["kld"], codes, self.counts, self.qs, self.confidence)
-        ]
+        overall["kld_quantiles"] = self._quantiles(None)
 
         domains = {}
         for d, m in dom_masks.items():
@@ -138,12 +135,7 @@ class SetFigures:
                 "clusters": int(np.unique(codes[m]).size),
                 "mean_kld": self._stamp(bca[f"{d}/mean_kld"]),
                 "top1": self._agreement("top1", m, bca[f"{d}/top1"]),
-                "kld_quantiles": [
-                    self._stamp(q)
-                    for q in quantile_figures(
-                        rs.cols["kld"][m], codes[m], self.counts, self.qs, self.confidence
-                    )
-                ],
+                "kld_quantiles": self._quantiles(m),
                 "flags": [],
             }
 
@@ -177,6 +169,7 @@ class SetFigures:
                     "estimate": k / tot,
                     "ci": [lo, hi],
                     "method": "wilson",
+                    "unit": "token",
                     "confidence": self.confidence,
                 }
             conf.append(entry)

@@ -202,6 +202,14 @@ def load_records(folder: str | Path) -> list[RecordSet]:
     return out
 
 
+def _document_sources(raw: dict[str, Any]) -> dict[str, list[Any]]:
+    """Window id -> the ``source`` of each document packed into it (the stage's own file has them)."""
+    ws = raw.get("windows")
+    items = ws.items() if isinstance(ws, dict) else ((w.get("id"), w) for w in ws or [] if isinstance(w, dict))
+    return {wid: [d.get("source") for d in w["documents"] if isinstance(d, dict)]
+            for wid, w in items if isinstance(w, dict) and isinstance(w.get("documents"), list)}
+
+
 def load_windows(folder: str | Path) -> dict[str, Any]:
     """eval-windows.json (the windows stage's record): file hash, per-window token SHA-256, domain sources.
 
@@ -211,9 +219,11 @@ def load_windows(folder: str | Path) -> dict[str, Any]:
     """
     folder = Path(folder)
     path = folder / WINDOWS_FILE if folder.is_dir() else folder
-    lst = listing(read_json(path, WINDOWS_FILE), str(path))
-    windows = {w.id: {"domain": w.domain or w.id.rsplit("-", 1)[0], "token_sha256": w.sha256}
-               for w in lst.windows}
+    raw = read_json(path, WINDOWS_FILE)
+    lst = listing(raw, str(path))
+    docs = _document_sources(raw)
+    windows = {w.id: {"domain": w.domain or w.id.rsplit("-", 1)[0], "token_sha256": w.sha256,
+                      "sources": docs.get(w.id)} for w in lst.windows}
     sources = {name: d.get("source") for name, d in (lst.domains or {}).items() if isinstance(d, dict)}
     return {
         "file": str(path),

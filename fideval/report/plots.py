@@ -3,7 +3,7 @@
 Per records set (candidate, path, length):
   ``kld-cdf-*.png``         empirical CDF of per-token KLD per domain on a log x axis — where the mean hides
                             a heavy tail, the CDF shows which domain carries it;
-  ``kld-position-*.png``    mean KLD by position bucket with its cluster BCa interval;
+  ``kld-position-*.png``    mean KLD by position bucket with its default interval (cluster bootstrap-t);
   ``top1-confidence-*.png`` top-1 agreement by reference top-1 probability bucket (Wilson intervals): a
                             good build loses agreement only where the reference itself is unsure.
 PNG metadata carries no software version or date (``metadata={"Software": None}``), so the same report
@@ -71,12 +71,12 @@ def kld_position(f: SetFigures, path: Path) -> None:
     pts = [(p["start"], p["end"], p["mean_kld"]) for p in f.result["positions"] if p["mean_kld"] is not None]
     mid = np.array([(a + b - 1) / 2 if b - a > 1 else a for a, b, _ in pts], dtype=np.float64)
     est = np.array([m["estimate"] for _, _, m in pts])
-    lo = np.array([m["ci"][0] for _, _, m in pts])
-    hi = np.array([m["ci"][1] for _, _, m in pts])
+    lo = np.array([np.nan if m["ci"][0] is None else m["ci"][0] for _, _, m in pts], dtype=np.float64)
+    hi = np.array([np.nan if m["ci"][1] is None else m["ci"][1] for _, _, m in pts], dtype=np.float64)
     ax.errorbar(np.maximum(mid, 0.5), est, yerr=[est - lo, hi - est], fmt="o-", capsize=3, lw=1.3)
     ax.set_xscale("log")
     ax.set_xlabel("position in sequence (bucket middle)")
-    ax.set_ylabel("mean KLD, nats (cluster BCa 95 %)")
+    ax.set_ylabel("mean KLD, nats (cluster bootstrap-t 95 %)")
     ax.set_title(_title(f, "Mean KLD by position"), fontsize=10)
     ax.grid(True, which="both", alpha=0.3)
     fig.tight_layout()

@@ -34,6 +34,7 @@ KINDS = list(CFG.teacher.lengths)
 CANDIDATES = {c.name: list(c.paths) for c in CFG.candidates}
 MP = CFG.teacher.model_parallel
 HEADLINE = CFG.candidates[0].name if CFG.candidates else "none"
+NOISE_MICRO_BATCH = CFG.report.noise_floor.micro_batch if CFG.report.noise_floor else 0
 
 
 # Before the first job runs (snakemake skips onstart on dry runs and when nothing is to be done), refuse in
@@ -100,6 +101,17 @@ def selfcheck_dirs(run):
     ]
 
 
+def noise_dirs(run):
+    """Records of the noise floor (config report.noise_floor), one per length and domain; [] when not asked for."""
+    if CFG.report.noise_floor is None:
+        return []
+    return [
+        f"results/{run}/records/noise-floor/store/{kind}/{domain}"
+        for kind in KINDS
+        for domain in DOMAINS
+    ]
+
+
 def teacher_manifests(run):
     return [
         f"results/{run}/teacher/{kind}/{domain}/manifest.json"
@@ -125,7 +137,7 @@ def final_outputs():
         for domain in DOMAINS:
             kept += [f.format(run=RUN, domain=domain) for f in shard_outputs(kind)]
     kept += teacher_manifests(RUN)
-    for d in records_dirs(RUN) + selfcheck_dirs(RUN):
+    for d in records_dirs(RUN) + selfcheck_dirs(RUN) + noise_dirs(RUN):
         kept += [f"{d}/records.parquet", f"{d}/score.json"]
     return kept + [
         f"reports/{RUN}/report.json",

@@ -8,6 +8,7 @@ rule report:
         manifests=lambda w: teacher_manifests(w.run),
         records=lambda w: [f"{d}/records.parquet" for d in records_dirs(w.run)],
         selfcheck=lambda w: [f"{d}/records.parquet" for d in selfcheck_dirs(w.run)],
+        noise=lambda w: [f"{d}/records.parquet" for d in noise_dirs(w.run)],
     output:
         report="reports/{run}/report.json",
         plots=report(
@@ -33,9 +34,10 @@ rule report:
         manifests=lambda w, input: " ".join(
             f"--teacher-manifest {f}" for f in input.manifests
         ),
+        noise=lambda w, input: " ".join(f"--noise-floor {f}" for f in input.noise),
     shell:
         "fideval report --config {input.config:q} --windows {input.windows:q} {params.records}"
-        " {params.selfcheck} {params.manifests} --out reports/{wildcards.run} > {log:q} 2>&1"
+        " {params.selfcheck} {params.manifests} {params.noise} --out reports/{wildcards.run} > {log:q} 2>&1"
 
 
 rule card:
