@@ -10,6 +10,7 @@ configfile: "configs/demo.yaml"
 
 include: "workflow/rules/common.smk"
 include: "workflow/rules/windows.smk"
+include: "workflow/rules/selftest.smk"
 include: "workflow/rules/teacher.smk"
 include: "workflow/rules/score.smk"
 include: "workflow/rules/report.smk"

@@ -8,12 +8,13 @@ A :class:`~fideval.errors.FidevalError` becomes one line on stderr and exit stat
 
 from __future__ import annotations
 
+import functools
 import sys
 
 import typer
 
-from fideval.commands import config_cmd, quant, report, score, store, teacher, windows
-from fideval.errors import FidevalError
+from fideval.commands import config_cmd, quant, report, score, selftest, store, teacher, windows
+from fideval.errors import FidevalError, Interrupted
 
 app = typer.Typer(
     name="fideval",
@@ -29,6 +30,7 @@ VERBS = [
     (None, "schema", config_cmd.schema),
     (None, "windows", windows.windows),
     (None, "screen", windows.screen),
+    (None, "selftest", selftest.selftest),
     (None, "teacher", teacher.teacher),
     (None, "verify", store.verify),
     (None, "import-llamacpp", store.import_llamacpp_cmd),
@@ -42,9 +44,33 @@ VERBS = [
 GROUPS = {"quant": quant.HELP}
 
 
+# Verbs whose output is written shard by shard and resumed by a rerun (the store writer); every other verb
+# writes through a temp name and a rename, so an interrupted one leaves its previous output as it was.
+RESUMABLE = {"teacher", "import-llamacpp"}
+
+
+def _interruptible(verb: str, fn):
+    """Ctrl-C as one line: typer turns KeyboardInterrupt into a silent exit 130, so each verb turns it into
+    :class:`Interrupted` first, saying what was kept (``score`` raises its own, with the shards it kept)."""
+
+    @functools.wraps(fn)
+    def run(*args, **kwargs):
+        try:
+            return fn(*args, **kwargs)
+        except KeyboardInterrupt:
+            if verb in RESUMABLE:
+                raise Interrupted(f"{verb} interrupted: the finished shards are kept, the partial one was discarded",
+                                  hint="run the same command again to resume: finished shards are skipped") from None
+            raise Interrupted(f"{verb} interrupted: nothing partial was kept, earlier output is as it was",
+                              hint="run the same command again") from None
+
+    return run
+
+
 def _register() -> None:
     groups: dict[str, typer.Typer] = {}
     for group, verb, fn in VERBS:
+        fn = _interruptible(verb, fn)
         if group is None:
             app.command(verb)(fn)
             continue
@@ -60,11 +86,14 @@ _register()
 def main() -> None:
     try:
         app()
+    except Interrupted as e:
+        print(f"fideval: {e.line()}", file=sys.stderr)
+        sys.exit(130)
     except FidevalError as e:
         print(f"fideval: error: {e.line()}", file=sys.stderr)
         sys.exit(2)
-    except KeyboardInterrupt:
-        print("fideval: interrupted; finished files are kept, the partial one was discarded", file=sys.stderr)
+    except KeyboardInterrupt:  # between verbs' own handling (while importing, parsing options)
+        print("fideval: interrupted", file=sys.stderr)
         sys.exit(130)
 
 

@@ -163,6 +163,9 @@ class Candidate(Strict):
     name: str = Field(pattern=r"^[a-z0-9][a-z0-9_.-]*$")
     quant: QuantSpec | None = Field(None, description="emulated quantization applied to the reference checkpoint")
     checkpoint: str | None = Field(None, description="a real quantized checkpoint (GGUF file or folder) instead")
+    imatrix: str | None = Field(None, description="a llama.cpp importance matrix (llama-imatrix's GGUF or legacy .dat) "
+                                "for the gguf K/I formats of `quant` (gguf_q2_k..gguf_q6_k, gguf_iq4_nl, gguf_iq4_xs), "
+                                "used as llama-quantize --imatrix uses it")
     paths: list[Literal["serving", "weights-only"]] = Field(
         default_factory=lambda: ["serving", "weights-only"],
         description="'serving' quantizes activations entering quantized modules to E4M3 per 1x128; 'weights-only' does not",
@@ -172,6 +175,8 @@ class Candidate(Strict):
     def _one_source(self) -> "Candidate":
         if (self.quant is None) == (self.checkpoint is None):
             raise ValueError("give exactly one of quant (emulated) or checkpoint (real quantized build)")
+        if self.imatrix is not None and self.quant is None:
+            raise ValueError("imatrix applies to an emulated candidate's gguf K/I formats (quant), not to a checkpoint")
         return self
 
 
@@ -326,6 +331,7 @@ def check_files(cfg: Config) -> list[str]:
             need(f"screen.calibration[{i}].path", s.path)
     for c in cfg.candidates:
         need(f"candidates.{c.name}.checkpoint", c.checkpoint, "checkpoint")
+        need(f"candidates.{c.name}.imatrix", c.imatrix, "imatrix file")
     if cfg.report.card_template:
         need("report.card_template", cfg.report.card_template)
     return problems

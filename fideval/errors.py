@@ -15,3 +15,7 @@ class FidevalError(Exception):
 
     def line(self) -> str:
         return f"{self.message} ({self.hint})" if self.hint else self.message
+
+
+class Interrupted(FidevalError):
+    """The user pressed Ctrl-C: one line saying what was kept and how to resume; the CLI exits 130."""

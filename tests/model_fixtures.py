@@ -37,10 +37,15 @@ def configs() -> dict[str, object]:
 
 def build(name: str, folder: Path, *, seed: int = 0, **save_kw) -> Path:
     """Random weights (std 0.1 so that routing and logits are far from degenerate), saved with save_pretrained."""
+    return build_config(configs()[name], folder, seed=seed, **save_kw)
+
+
+def build_config(config, folder: Path, *, seed: int = 0, **save_kw) -> Path:
+    """:func:`build` for any transformers config (tests/family_fixtures.py's)."""
     from transformers import AutoModelForCausalLM
 
     torch.manual_seed(seed)
-    model = AutoModelForCausalLM.from_config(configs()[name], dtype=torch.float32)
+    model = AutoModelForCausalLM.from_config(config, dtype=torch.float32)
     with torch.no_grad():
         for n, p in model.named_parameters():
             if "norm" in n or n.endswith("sinks"):

@@ -92,6 +92,7 @@ def write_records(
     cpu_diff: float = 1e-13,
     store: str = "store",
     model_id: str = "fideval/demo-moe",
+    candidate_info: dict | None = None,
 ) -> Path:
     """records.parquet + score.json for one frame; returns the folder."""
     from fideval.fsio import atomic_path
@@ -113,7 +114,9 @@ def write_records(
                 "model_id": model_id,
                 "model_revision": "0" * 40,
                 "manifest_sha256": "a" * 64,
+                "kind": "logits",
             },
+            "candidate_info": candidate_info,
             "cpu_check": {"rows_checked": 80, "max_rel_diff": cpu_diff, "tolerance": 2e-12},
             "self_check": self_check,
             "nonfinite_rows": 0,

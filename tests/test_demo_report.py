@@ -38,6 +38,32 @@ def test_card_regenerates_byte_identical(tmp_path):
     assert (tmp_path / "README.md").read_bytes() == (DEMO / "README.md").read_bytes()
 
 
+def test_demo_card_is_the_fidelity_card_format(tmp_path):
+    """The committed card as the Hub reads it: one EvalResult per (path, length, metric), four results that
+    survive ModelCard.load + save byte for byte, and every x_fidelity field of the format."""
+    import yaml
+    from huggingface_hub import ModelCard
+
+    card = ModelCard.load(DEMO / "README.md")
+    card.save(tmp_path / "README.md")
+    assert (tmp_path / "README.md").read_bytes() == (DEMO / "README.md").read_bytes()
+    results = card.data.eval_results
+    assert len(results) == len(REPORT["results"]) * 6 and len({e.unique_identifier for e in results}) == 4
+    keys = {(e.dataset_args["path"], e.dataset_args["length"], e.metric_type, e.metric_config) for e in results}
+    assert len(keys) == len(results)
+    fm = yaml.safe_load((DEMO / "README.md").read_text().split("---\n")[1])
+    xf = fm["x_fidelity"]
+    assert set(xf) >= {"spec_version", "role", "reference_model", "reference_revision", "fidelity_dataset", "registry",
+                       "lane", "scope", "head_bits", "measured_by"}
+    assert xf["spec_version"] == "fidelity-provenance/v1"
+    assert {m["type"] for r in fm["model-index"][0]["results"] for m in r["metrics"]} == {"kl_divergence", "top1_agreement"}
+    for r in fm["model-index"][0]["results"]:
+        assert r["task"]["type"] == "text-generation"
+        for m in r["metrics"]:
+            assert m["args"]["direction"] == "reference_to_candidate" and m["args"]["estimator"] == "full_vocabulary_fp64"
+            assert {"units", "higher_is_better"} <= set(m["args"])
+
+
 def test_check_passes_on_the_committed_report():
     r = fideval("check", str(DEMO / "report.json"), "--config", "configs/demo.yaml")
     assert "ok" in r.stdout

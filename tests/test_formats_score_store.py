@@ -13,10 +13,12 @@ from fideval.formats.score import ScoreSummary
 from fideval.store.manifest import read_manifest
 
 SCORE = {"format": "fideval.score", "version": 1, "candidate": "q4", "path": "store", "length": 64, "rows": 126,
-         "teacher": {"store": "t", "model_id": "org/m", "model_revision": "abc", "manifest_sha256": None},
+         "teacher": {"store": "t", "model_id": "org/m", "model_revision": "abc", "manifest_sha256": None, "kind": "logits",
+                     "lossy": "llama.cpp uint16 log-probs"},
          "cpu_check": {"rows_checked": 4, "max_rel_diff": 1e-14, "tolerance": 2e-12, "every": 1000, "worst": None},
          "self_check": None, "nonfinite_rows": 0, "on_nonfinite": "fail", "device": "cpu", "kernel": "torch",
          "figures": ["kld"], "records": "records.parquet", "candidate_info": None, "tool": {"name": "fideval"},
+         "lossy_rule": "llama.cpp uint16 log-prob encoding applied to the candidate",
          "profile": {"wall_s": 2.0, "parts": {"read_back": 0.5, "scoring": 1.25, "other": 0.25}, "other_fraction": 0.125,
                      "device": "cpu", "tokens": None, "tokens_per_s": None, "model_flops": None, "peak_tflops": None,
                      "flop_utilisation": None, "hidden": None}}
@@ -34,7 +36,7 @@ def test_score_json_reads_field_by_field_and_back():
     assert dump(s) == SCORE
     thin = parse(ScoreSummary, {"format": "fideval.score", "version": 1, "candidate": "a", "path": "p", "length": None},
                  "score.json")
-    assert thin.rows is None and thin.cpu_check is None
+    assert thin.rows is None and thin.cpu_check is None and thin.lossy_rule is None  # a score.json from before lossy_rule
 
 
 def test_the_manifest_reads_field_by_field_and_back(tmp_path):

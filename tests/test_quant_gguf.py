@@ -89,6 +89,17 @@ def test_bf16_and_3d_inputs(kind):
     assert torch.equal(y, torch.from_numpy(want).to(torch.bfloat16))
 
 
+@pytest.mark.parametrize("kind", ["q8_0", "q4_0", "q4_1", "q5_0", "q5_1"])
+def test_subnormal_rows_are_byte_identical_to_gguf_py(kind):
+    # d subnormal -> 1/d = inf -> inf/NaN codes, which ggml's int8 cast (and gguf-py's) turns into 0; the old
+    # clamp to the top code differed here (10 to 20 bytes per row). MXFP4 is left out: its documented deviation.
+    g = np.random.default_rng(7)
+    x = np.stack([np.r_[np.full(32, 2e-39), g.standard_normal(32) * 1e-40],
+                  np.r_[g.standard_normal(32) * 3e-39, -np.full(32, 1e-45)]]).astype(np.float32)
+    ref = quants.quantize(x, T[kind.upper()])
+    assert np.array_equal(gguf_encode(torch.from_numpy(x), kind).numpy(), ref)
+
+
 def test_q8_0_hand_vector():
     # amax 127 -> d = 1 exactly; roundf: 2.5 -> 3 and -2.5 -> -3 (half away from zero, not to even)
     x = torch.zeros(32)
@@ -199,3 +210,35 @@ def test_gguf_inspect_cli(tmp_path):
     (tmp_path / "bad.gguf").write_bytes(b"not a gguf file at all")
     r = run_fideval("quant", "inspect", "--model", str(tmp_path / "bad.gguf"))
     assert "not a readable GGUF file" in r.error()
+
+
+def test_truncated_gguf_and_unknown_tensor_type_are_one_line_errors(tmp_path):
+    import struct
+
+    from gguf import GGUFWriter
+
+    from fideval.quant.gguf_file import gguf_tensor_info, iter_gguf_tensors
+
+    p = tmp_path / "t.gguf"
+    w = GGUFWriter(str(p), "llama")
+    a = np.random.default_rng(0).standard_normal((8, 256)).astype(np.float32)
+    w.add_tensor("blk.0.attn_q.weight", quants.quantize(a, T.Q8_0), raw_dtype=T.Q8_0)
+    w.add_tensor("blk.0.attn_k.weight", a)
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+    raw = p.read_bytes()
+    (tmp_path / "cut.gguf").write_bytes(raw[:-100])
+    for fn in (gguf_tensor_info, lambda f: list(iter_gguf_tensors(f))):
+        with pytest.raises(FidevalError, match="not a readable GGUF file") as e:
+            fn(tmp_path / "cut.gguf")
+        assert "\n" not in e.value.message
+    at = raw.find(b"blk.0.attn_q.weight") + len("blk.0.attn_q.weight")
+    n_dims = struct.unpack_from("<I", raw, at)[0]
+    bad = bytearray(raw)
+    struct.pack_into("<I", bad, at + 4 + 8 * n_dims, 99)  # the tensor's GGML type id
+    (tmp_path / "unknown.gguf").write_bytes(bytes(bad))
+    with pytest.raises(FidevalError, match="a tensor has an unknown GGML type") as e:
+        gguf_tensor_info(tmp_path / "unknown.gguf")
+    assert "update the gguf package" in e.value.hint

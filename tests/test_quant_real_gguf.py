@@ -48,13 +48,15 @@ def _permute(w: np.ndarray, n_head: int, n_kv: int | None) -> np.ndarray:
 
 
 def write_llama_gguf(ref: Path, path: Path, qtype: str = "Q8_0", *, arch: str = "llama", drop=(), extra=None,
-                     reshape=None) -> Path:
+                     reshape=None, meta=None) -> Path:
     import gguf
 
     cfg = json.loads((ref / "config.json").read_text())
     sd = load_file(str(ref / "model.safetensors"))
     w = gguf.GGUFWriter(str(path), arch)
     w.add_block_count(cfg["num_hidden_layers"])
+    if meta is not None:  # model metadata as llama.cpp's converter writes it (GGUFWriter.add_*)
+        meta(w)
     for hf, t in sd.items():
         name = _gguf_name(hf)
         if name in drop:

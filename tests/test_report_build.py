@@ -297,21 +297,56 @@ def test_checks_and_gates(tmp_path):
     assert {r["candidate"] for r in rep["results"]} == {"q4", "teacher"}  # self-check records are not results
     code, _, err = run_fideval("check", str(out / "report.json"), "--max-mean-kld", "0.001", "--min-top1", "0.999")
     lines = err.strip().splitlines()
-    assert code == 1 and len(lines) == 4 + 2 + 2 and all(line.startswith("FAIL ") for line in lines)
+    assert code == 1 and len(lines) == 4 + 1 + 2 + 2 and all(line.startswith("FAIL ") for line in lines)
+    assert "FAIL check windows_match not run: no eval-windows.json given" in lines[4]
     assert any("gate mean_kld_max failed: q4/serving/128" in line for line in lines)
     code, _, _ = run_fideval("check", str(out / "report.json"), "--out", str(tmp_path / "check.txt"))
-    assert code == 1 and (tmp_path / "check.txt").read_text().count("FAIL check") == 4
+    assert code == 1 and (tmp_path / "check.txt").read_text().count("FAIL check") == 4 + 1
 
 
 def test_check_passes_and_fails_on_gates(report):
     rep, out = report
-    code, stdout, _ = run_fideval("check", str(out))
-    assert code == 0 and "ok" in stdout
+    not_run = sorted(c["name"] for c in rep["checks"] if c["status"] == "not_run")
+    assert not_run == ["canary_identical", "self_score_zero"]  # no self-check records, no teacher manifest
+    code, _, err = run_fideval("check", str(out))
+    assert code == 1 and err.count("FAIL check") == 2 and "--allow-not-run canary_identical" in err
+    allow = [a for n in not_run for a in ("--allow-not-run", n)]
+    code, stdout, _ = run_fideval("check", str(out), *allow)
+    assert code == 0 and "ok (4 checks passed, 2 not run (allowed)" in stdout
+    code, _, err = run_fideval("check", str(out), "--allow-not-run", "self_score_zero")
+    assert code == 1 and err.count("FAIL") == 1 and "check canary_identical not run" in err
+    code, _, err = run_fideval("check", str(out), "--allow-not-run", "canary")
+    assert code == 2 and "'canary' is not a check of this report" in err and err.count("\n") == 1
     worst = max(r["overall"]["mean_kld"]["estimate"] for r in rep["results"])
-    code, _, _ = run_fideval("check", str(out), "--max-mean-kld", f"{worst * 1.0001}")
+    code, _, _ = run_fideval("check", str(out), "--max-mean-kld", f"{worst * 1.0001}", "--allow-not-run", "all")
     assert code == 0
-    code, _, err = run_fideval("check", str(out), "--max-mean-kld", f"{worst * 0.9999}")
+    code, _, err = run_fideval("check", str(out), "--max-mean-kld", f"{worst * 0.9999}", "--allow-not-run", "all")
     assert code == 1 and err.count("FAIL gate mean_kld_max") == 1
+
+
+def test_check_gates_on_interval_bounds(report):
+    """A bound between a set's estimate and its upper bound passes the point gate and fails the bound gate."""
+    rep, out = report
+    sets = sorted(rep["results"], key=lambda r: r["overall"]["mean_kld"]["ci"][1])
+    top = sets[-1]["overall"]["mean_kld"]
+    bound = (top["estimate"] + top["ci"][1]) / 2
+    assert all(r["overall"]["mean_kld"]["estimate"] < bound for r in rep["results"])
+    over = [r for r in rep["results"] if r["overall"]["mean_kld"]["ci"][1] > bound]
+    code, _, err = run_fideval("check", str(out), "--max-mean-kld", f"{bound!r}", "--allow-not-run", "all")
+    assert code == 0, err
+    code, _, err = run_fideval("check", str(out), "--max-mean-kld-upper", f"{bound!r}", "--allow-not-run", "all")
+    lines = err.strip().splitlines()
+    assert code == 1 and len(lines) == len(over) >= 1
+    r = sets[-1]
+    assert (f"FAIL gate mean_kld_upper_max failed: {r['candidate']}/{r['path']}/{r['length']} mean KLD 95 % upper "
+            f"bound {top['ci'][1]:.6g} > {bound:g}") in err
+    code, _, _ = run_fideval("check", str(out), "--max-mean-kld-upper", f"{top['ci'][1] * 1.0001!r}", "--allow-not-run", "all")
+    assert code == 0
+    low = min(r["overall"]["top1"]["wilson"]["ci"][0] for r in rep["results"])
+    code, _, err = run_fideval("check", str(out), "--min-top1-lower", f"{low * 1.0001!r}", "--allow-not-run", "all")
+    assert code == 1 and err.count("FAIL gate top1_lower_min failed") == 1
+    code, _, _ = run_fideval("check", str(out), "--min-top1-lower", f"{low * 0.9999!r}", "--allow-not-run", "all")
+    assert code == 0
 
 
 def test_config_gates_settings_and_provenance(demo, tmp_path):
@@ -457,3 +492,27 @@ def test_truncated_report_is_one_line(report, tmp_path):
     p.write_text("{not json")
     code, _, err = run_fideval("check", str(p))
     assert code == 2 and "is not readable JSON" in err
+
+
+def test_candidate_provenance_in_report_and_one_build_per_name(tmp_path):
+    """score.json's candidate_info reaches report.json (less what differs by path); two builds under one
+    name are refused in one line."""
+    windows = syn.window_ids(["code", "math"], 3)
+    info = {"source": "store", "store": "cand-store", "manifest_sha256": "b" * 64, "model_id": "org/q",
+            "model_revision": "1" * 40, "kind": "logits"}
+    dirs = []
+    for path, extra in (("serving", {"activations": "e4m3 per 1x128"}), ("weights-only", {"activations": "none"})):
+        df = syn.records_frame("q", path, 64, 64, windows)
+        dirs.append(syn.write_records(tmp_path / path, df, "q", path, 64, candidate_info={**info, **extra}))
+    out = tmp_path / "out"
+    code, _, err = run_fideval("report", *records_args(dirs), "--out", str(out), "--resamples", "100", "--no-plots")
+    assert code == 0, err
+    prov = json.loads((out / "report.json").read_text())["provenance"]
+    assert prov["candidates"]["q"]["info"] == info
+    assert {t["kind"] for t in prov["teacher_stores"]} == {"logits"}
+    df = syn.records_frame("q", "weights-only", 64, 64, windows)
+    syn.write_records(tmp_path / "weights-only", df, "q", "weights-only", 64,
+                      candidate_info={**info, "manifest_sha256": "c" * 64})
+    code, _, err = run_fideval("report", *records_args(dirs), "--out", str(out), "--resamples", "100", "--no-plots")
+    assert code == 2 and err.count("\n") == 1
+    assert "candidate 'q':" in err and "were scored from different builds (they differ in manifest_sha256)" in err

@@ -72,6 +72,11 @@ def test_cli_scores_a_candidate_store(stores):
     s = json.loads((out / "score.json").read_text())
     assert s["format"] == "fideval.score" and s["version"] == 1 and s["rows"] == len(df) and s["length"] is None
     assert s["teacher"]["manifest_sha256"] == sha256_file(stores["teacher"] / "manifest.json")
+    assert s["teacher"]["kind"] == "logits"
+    # the candidate store's provenance: as given, its manifest's hash, and the identity its manifest records
+    assert s["candidate_info"] == {"source": "store", "store": str(stores["candidate"]), "kind": "logits",
+                                   "manifest_sha256": sha256_file(stores["candidate"] / "manifest.json"),
+                                   "model_id": "toy/teacher", "model_revision": "0" * 40}
     # run rows 0, 3, 6, 9, 12, 15 (global count) plus each shard's first and last: {0,3,6,7} {8,9,12,15} {16}
     assert s["cpu_check"]["rows_checked"] == 9 and 0 < s["cpu_check"]["max_rel_diff"] <= 2e-12
     assert s["kernel"] == "torch" and s["device"] == "cpu" and s["nonfinite_rows"] == 0 and s["self_check"] is None

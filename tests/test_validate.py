@@ -15,6 +15,7 @@ import time
 from collections import namedtuple
 from pathlib import Path
 
+import numpy as np
 import pytest
 import yaml
 from cli_runner import run_fideval
@@ -137,7 +138,7 @@ def _model_with_config(models, tmp_path, **edit) -> Path:
 def test_architecture_the_runner_does_not_support(models, tmp_path):
     m = _model_with_config(models, tmp_path, architectures=["GPT2LMHeadModel"])
     refused(config(tmp_path, m), "model.path", f"{m / 'config.json'}: architecture 'GPT2LMHeadModel' is not supported",
-            "supported: DeepseekV3ForCausalLM")
+            "supported: DeepseekV2ForCausalLM, DeepseekV32ForCausalLM, DeepseekV3ForCausalLM")
 
 
 def test_config_transformers_cannot_build(models, tmp_path):
@@ -170,6 +171,14 @@ def test_gguf_builds(models, tmp_path):
             "GGUF architecture 'qwen2' is not a build of the reference's 'LlamaForCausalLM'")
     (tmp_path / "junk.gguf").write_bytes(b"GGML" + bytes(40))
     refused(_real(tmp_path, models, tmp_path / "junk.gguf"), "candidates.b.checkpoint", "not a readable GGUF file")
+
+
+def test_gguf_metadata_that_contradicts_the_reference(models, tmp_path):
+    from test_quant_real_gguf import write_llama_gguf
+
+    p = write_llama_gguf(models.llama, tmp_path / "eps.gguf", meta=lambda w: w.add_layer_norm_rms_eps(1e-5))
+    refused(_real(tmp_path, models, p), "candidates.b.checkpoint",
+            "GGUF llama.attention.layer_norm_rms_epsilon = 1e-05 but the reference config's rms_norm_eps = 1e-06")
 
 
 def _folder_build(models, tmp_path, **edit) -> Path:
@@ -360,3 +369,21 @@ def test_windows_stage_loads_the_tokenizer_validate_checked(tmp_path, monkeypatc
     snapshot = tmp_path / "hub" / "models--deepseek-ai--DeepSeek-V3" / "snapshots" / HEX40
     assert cached(cfg.model.path, cfg.model.revision).folder == snapshot
     assert tokenizer_folder(cfg.model) == snapshot and (snapshot / "tokenizer.json").is_file()
+
+
+def test_imatrix_candidate(models, tmp_path):
+    from test_quant_imatrix import _legacy
+
+    names = [f"blk.{i}.attn_{t}.weight" for i in range(2) for t in ("q", "k", "v", "output")]
+    full = _legacy(tmp_path / "full.dat", {n: np.ones(64, np.float32) for n in names}, ncall=4)
+    cand = {"name": "c", "quant": {"attention": {"format": "gguf_iq4_nl"}}, "imatrix": str(full)}
+    assert validate(config(tmp_path, models.llama, candidates=[cand])).code == 0
+    part = _legacy(tmp_path / "part.dat", {n: np.ones(64, np.float32) for n in names[:-1]}, ncall=4)
+    refused(config(tmp_path, models.llama, candidates=[{**cand, "imatrix": str(part)}]), "candidates.c.imatrix",
+            "the importance matrix has no entry for tensor 'blk.1.attn_output.weight'")
+    refused(config(tmp_path, models.llama, candidates=[{**cand, "quant": {"attention": {"format": "gguf_q4_0"}}}]),
+            "candidates.c.quant", "attention use(s) a format without importance weights")
+    refused(config(tmp_path, models.llama, candidates=[{**cand, "imatrix": str(tmp_path / "gone.dat")}]),
+            "candidates.c.imatrix", "imatrix file")
+    real = {"name": "c", "checkpoint": str(full), "imatrix": str(full)}
+    assert "imatrix applies to an emulated candidate" in validate(config(tmp_path, models.llama, candidates=[real])).error()

@@ -114,7 +114,8 @@ def test_a_bad_config_stops_the_run_before_any_job(tmp_path):
     try:
         get_format("mxfp5")
     except FidevalError as e:
-        expected = f"fideval: error: {tmp_path / 'bad.yaml'}: 'candidates.mxfp4-experts.quant.routed_experts.format': {e.line()}"
+        # the config named relative to the working directory (--directory), where the stages run
+        expected = f"fideval: error: bad.yaml: 'candidates.mxfp4-experts.quant.routed_experts.format': {e.line()}"
     cfg = tmp_path / "bad.yaml"
     cfg.write_text(BAD_CONFIG)
     run = ("--snakefile", str(ROOT / "Snakefile"), "--directory", str(tmp_path), "--configfile", str(cfg), "--cores", "1")
@@ -129,3 +130,54 @@ def test_a_bad_config_stops_the_run_before_any_job(tmp_path):
     assert not any((tmp_path / ".snakemake" / "metadata").iterdir())  # no job started
     dry = snakemake("-n", *run)
     assert dry.returncode == 0 and "fideval: error:" not in dry.stdout + dry.stderr, dry.stderr[-2000:]
+
+
+def _shells(r: subprocess.CompletedProcess) -> list[str]:
+    return [ln.removeprefix("Shell command: ") for ln in (r.stdout + r.stderr).splitlines() if ln.startswith("Shell command: ")]
+
+
+def test_configfile_is_the_config_the_stages_read(tmp_path):
+    """--configfile X runs X (Snakemake lists the Snakefile's own configfile last; it must not win)."""
+    r = snakemake("-n", "-p", "--forceall", "--configfile", "configs/deepseek-v3-mxfp4.yaml", "--directory", str(ROOT))
+    assert r.returncode == 0, r.stderr[-2000:]
+    (check,) = [s for s in _shells(r) if s.startswith("fideval check")]
+    assert check.startswith("fideval check reports/deepseek-v3-mxfp4/report.json --config configs/deepseek-v3-mxfp4.yaml ")
+
+
+def test_config_overrides_are_honoured(tmp_path):
+    """`--config run=mytest` is the config the stages read: merged into results/mytest/config.yaml, which every
+    rule passes; an unchanged rerun leaves that file alone (so nothing reruns)."""
+    import yaml
+
+    run = ("-n", "-p", "--forceall", "--snakefile", str(ROOT / "Snakefile"), "--directory", str(tmp_path),
+           "--configfile", str(ROOT / "configs/demo.yaml"), "--config", "run=mytest")
+    r = snakemake(*run)
+    assert r.returncode == 0, r.stderr[-2000:]
+    shells = _shells(r)
+    (check,) = [s for s in shells if s.startswith("fideval check")]
+    assert check.startswith("fideval check reports/mytest/report.json --config results/mytest/config.yaml ")
+    assert all("results/demo" not in s and "reports/demo" not in s for s in shells)
+    written = tmp_path / "results/mytest/config.yaml"
+    want = yaml.safe_load((ROOT / "configs/demo.yaml").read_text()) | {"run": "mytest"}
+    assert yaml.safe_load(written.read_text()) == want
+    stamp = written.stat().st_mtime_ns
+    assert snakemake(*run).returncode == 0 and written.stat().st_mtime_ns == stamp
+
+
+@pytest.mark.parametrize(("args", "line"), [
+    (("--config", "runn=x"), "configs/demo.yaml with --config runn=x: unknown key 'runn'"),
+    (("--config", "windows={cut_tokens: 500}"), "configs/demo.yaml with --config windows={cut_tokens: 500}: 'windows'"),
+    (("--configfile", "TYPO"), "TYPO.yaml: unknown key 'teacher.devcie'"),
+])
+def test_config_problems_are_one_short_line(args, line, tmp_path):
+    """A typo in a config file or an override is one line naming it (it used to be 1,122 lines of schema)."""
+    typo = tmp_path / "TYPO.yaml"
+    typo.write_text((ROOT / "configs/demo.yaml").read_text().replace("teacher:\n", "teacher:\n  devcie: cpu\n", 1))
+    args = tuple(str(typo) if a == "TYPO" else a for a in args)
+    if "--configfile" not in args:
+        args = ("--configfile", str(ROOT / "configs/demo.yaml"), *args)
+    r = snakemake("-n", "--snakefile", str(ROOT / "Snakefile"), "--directory", str(tmp_path), *args)
+    out = [ln for ln in (r.stdout + r.stderr).splitlines() if ln.strip()]
+    assert r.returncode != 0 and len(out) <= 2, out[-20:]
+    assert out[-1].startswith("fideval: error: ") and line in out[-1] and "'fideval schema'" in out[-1], out
+    assert not (tmp_path / "results").exists()

@@ -43,7 +43,7 @@ VOLATILE = {"tool", "git_commit", "score_sha256", "profile", "manifest_sha256"}
 
 
 def tiny_config(path: Path) -> Path:
-    """A config one full run of which is 17 small jobs: 2 demo domains x 2 windows of 256 tokens cut into
+    """A config one full run of which is 18 small jobs (the selftest among them): 2 demo domains x 2 windows of 256 tokens cut into
     2 x 128, both lengths, one weights-only MXFP4 candidate, no calibration screen, B = 200."""
     source = "{{type: local, path: demo://corpus/{}.jsonl, text_field: text}}"
     domains = "\n".join(f"  - name: {d}\n    source: {source.format(d)}" for d in DOMAINS)
@@ -165,7 +165,7 @@ def baseline(tmp_path_factory, cfg) -> Path:
     r = smk(work, cfg)
     assert r.returncode == 0, r.stderr[-4000:]
     print(f"uninterrupted run: {time.monotonic() - t0:.1f} s")
-    for name in ("report.json", "README.md", "check.txt"):
+    for name in ("report.json", "README.md", "results.html", "check.txt"):
         assert (work / f"reports/{RUN}/{name}").is_file(), name
     return work
 
@@ -176,6 +176,25 @@ def test_second_run_has_nothing_to_do(baseline, cfg):
     out = r.stdout + r.stderr
     assert "Nothing to be done" in out, out[-3000:]
     assert planned_jobs(out) == set(), planned_jobs(out)
+
+
+def test_snakemake_report_has_the_results_page(baseline, cfg, tmp_path):
+    """`snakemake --report` shows the card's numbers (the results page) beside the plots, not plots alone."""
+    import zipfile
+
+    out = tmp_path / "report.zip"
+    r = smk(baseline, cfg, "--report", str(out))
+    assert r.returncode == 0, r.stderr[-3000:]
+    with zipfile.ZipFile(out) as z:
+        names = z.namelist()
+        (page,) = [n for n in names if n.endswith("results.html")]
+        text = z.read(page).decode()
+    rep = json.loads((baseline / f"reports/{RUN}/report.json").read_text())
+    for res in rep["results"]:
+        m = res["overall"]["mean_kld"]
+        assert f"<td>{res['path']}</td>\n<td>{m['estimate']:.4g} [{m['ci'][0]:.4g}, {m['ci'][1]:.4g}]</td>" in text
+    assert "integrity checks passed" in text and "<h2>How it was measured</h2>" in text
+    assert len([n for n in names if n.endswith(".png")]) == 3 * len(rep["results"])
 
 
 def test_deleted_shard_reruns_only_its_dependents(baseline, cfg, tmp_path):

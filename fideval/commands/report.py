@@ -50,6 +50,12 @@ def card(
     candidate: Annotated[str | None, typer.Option(
         "--candidate", help="which build the card is for (needed if the report has several)")] = None,
     template: Annotated[Path | None, typer.Option("--template", help="jinja2 markdown template replacing the card body")] = None,
+    registry: Annotated[str | None, typer.Option(
+        "--registry", help="x_fidelity.registry: the registry the card is filed with (default: none)")] = None,
+    lane: Annotated[str | None, typer.Option(
+        "--lane", help="x_fidelity.lane: the registry's lane the build is filed under (default: none)")] = None,
+    html: Annotated[Path | None, typer.Option(
+        "--html", help="also write the card's tables as an HTML page (snakemake --report's results page)")] = None,
 ) -> None:
     """Write the model card: model-index YAML + x_fidelity provenance + fidelity tables and plots."""
     from fideval.config import resolve_path
@@ -61,33 +67,52 @@ def card(
     rep = load_report(path)
     if template is None and rep["settings"].get("card_template"):
         template = resolve_path(rep["settings"]["card_template"])
-    write_text(out, render(rep, report_path=path, out_path=out, candidate=candidate, template=template))
+    text = render(rep, report_path=path, out_path=out, candidate=candidate, template=template, registry=registry,
+                  lane=lane)
+    write_text(out, text)
     typer.echo(f"{out}: model card written")
+    if html is not None:
+        from fideval.report.card import pick_candidate
+        from fideval.report.results_page import page
+
+        write_text(html, page(text, f"fideval results: {pick_candidate(rep, candidate)}"))
+        typer.echo(f"{html}: results page written")
 
 
 def check(
     report: options.ReportFile,
     max_mean_kld: Annotated[float | None, typer.Option("--max-mean-kld", min=0, help="fail when a mean KLD exceeds this")] = None,
     min_top1: Annotated[float | None, typer.Option("--min-top1", min=0, max=1, help="fail when a top-1 agreement is below this")] = None,
+    max_mean_kld_upper: Annotated[float | None, typer.Option(
+        "--max-mean-kld-upper", min=0, help="fail when a mean KLD's upper interval bound (BCa) exceeds this")] = None,
+    min_top1_lower: Annotated[float | None, typer.Option(
+        "--min-top1-lower", min=0, max=1, help="fail when a top-1 agreement's lower interval bound (Wilson) is below this")] = None,
+    allow_not_run: Annotated[list[str], typer.Option(
+        "--allow-not-run", help="a check that may be not_run (repeatable; 'all' for every one); else not_run fails")] = [],
     config: Annotated[Path | None, options.config("take the gates from this config's report.gates")] = None,
     out: Annotated[Path | None, options.out("also write the verdict (one line per failure, or 'ok') here")] = None,
 ) -> None:
-    """Exit non-zero when an integrity check failed or a fidelity gate is exceeded (one line per failure).
+    """Exit non-zero when an integrity check failed or did not run, or a fidelity gate is exceeded (one line each).
 
-    Gates: the options, else --config's report.gates, else the gates recorded in the report."""
+    Gates: the options, else --config's report.gates, else the gates recorded in the report; a check that did
+    not run fails unless --allow-not-run names it."""
     from fideval.config import load_config
     from fideval.fsio import write_text
-    from fideval.report.checks import gate_failures
     from fideval.report.schema import load_report
+    from fideval.report.verdict import Bounds, failures
 
     rep = load_report(report)
     gates = load_config(config).report.gates if config is not None else None
     if gates is not None:
         max_mean_kld = max_mean_kld if max_mean_kld is not None else gates.mean_kld_max
         min_top1 = min_top1 if min_top1 is not None else gates.top1_min
-    lines = [f"FAIL {line}" for line in gate_failures(rep, max_mean_kld, min_top1)]
+    lines = [f"FAIL {line}" for line in failures(rep, max_mean_kld=max_mean_kld, min_top1=min_top1,
+                                                 bounds=Bounds(max_mean_kld_upper, min_top1_lower),
+                                                 allow_not_run=allow_not_run)]
     n = sum(c["status"] == "pass" for c in rep["checks"])
-    verdict = lines or [f"{report}: ok ({n} checks passed, {len(rep['results'])} result sets within the gates)"]
+    skipped = sum(c["status"] == "not_run" for c in rep["checks"])
+    verdict = lines or [f"{report}: ok ({n} checks passed" + (f", {skipped} not run (allowed)" if skipped else "")
+                        + f", {len(rep['results'])} result sets within the gates)"]
     if out is not None:
         write_text(out, "\n".join(verdict) + "\n")
     for line in lines:

@@ -32,7 +32,10 @@ def score(
         "--peak-tflops", help="the GPU's dense peak for a model run's utilisation figure (default: by GPU name)")] = None,
 ) -> None:
     """Score candidate logits against the teacher's in float64 over the full vocabulary."""
+    import os
+
     from fideval.config import load_config
+    from fideval.fsio import remove_temps
     from fideval.lock import output_lock
     from fideval.score.candidate import select
     from fideval.score.run import ScoreSettings, score_candidate
@@ -46,7 +49,11 @@ def score(
                                 peak_tflops=peak_tflops)
     t = StoreReader(resolve_store(teacher))
     cand = select(t, candidate, path, settings, cfg=cfg, name=name, self_check=self_check)
+    if os.environ.get("RANK", "0") != "0":  # under torchrun rank 0 alone scores, writes and holds the lock
+        score_candidate(t, cand, out, settings, teacher_spec=teacher)
+        return
     with output_lock(out, "score"):
+        remove_temps(out)  # temp files of a killed run (we hold the lock: nobody else is writing them)
         s = score_candidate(t, cand, out, settings, self_check_first=self_check and not cand.is_teacher, teacher_spec=teacher)
     from fideval.model.accounting import line
 

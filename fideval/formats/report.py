@@ -95,11 +95,16 @@ class Provenance(Model):
     tool: dict[str, Any] = key("fideval's name, version, git commit and Python")
     config_hash: str | None = key("canonical SHA-256 of the config, or null without one")
     teacher_stores: list[dict[str, Any]] | None = key("per length: store, model id and revision, manifest "
-                                                      "SHA-256, from score.json", default=None)
+                                                      "SHA-256, kind, from score.json; a lossy (llama.cpp) teacher "
+                                                      "adds `lossy` and the `lossy_rules` its candidates were scored "
+                                                      "with", default=None)
     teacher_manifests: list[dict[str, Any]] | None = key("each `--teacher-manifest`: file, sha256, meta",
                                                          default=None)
-    candidates: dict[str, Any] | None = key("per candidate: quant spec or checkpoint, and how each path and "
-                                            "length was scored", default=None)
+    candidates: dict[str, Any] | None = key("per candidate: quant spec or checkpoint, `info` (score.json's "
+                                            "candidate_info less `activations` and `run_settings`: model id and "
+                                            "revision, source, bits per weight, store manifest SHA-256; one build "
+                                            "across all its folders), and how each path and length was scored",
+                                            default=None)
     inputs: list[Input] | None = key("one per records folder", default=None)
     self_check_inputs: list[Input] | None = key("one per `--self-check` folder", default=None)
 

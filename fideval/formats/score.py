@@ -21,6 +21,10 @@ class TeacherRef(Model):
     model_id: str | None = key("the teacher's model id, from its manifest", default=None)
     model_revision: str | None = key("the teacher's model revision, from its manifest", default=None)
     manifest_sha256: str | None = key("SHA-256 of the teacher's manifest.json (null if it has none)", default=None)
+    kind: str | None = key("the store's kind: `logits` (FP32 logits of the model) or `logprobs` (an imported, lossy "
+                           "llama.cpp file)", default=None)
+    lossy: str | None = key("the teacher store's `lossy` note (a llama.cpp import), null for an exact FP32 teacher "
+                            "(added in version 1, optional)", default=None)
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -81,9 +85,15 @@ class ScoreSummary(Model):
     kernel: str | None = key("`triton` or `torch`", default=None)
     figures: list[str] | None = key("the float figures of each row, in the scorer's order", default=None)
     records: str | None = key("the records file beside this one, `records.parquet`", default=None)
-    candidate_info: dict[str, Any] | None = key("how the candidate was made (null for a candidate store)",
-                                                default=None)
+    candidate_info: dict[str, Any] | None = key("how the candidate was made: model id and revision, `source` "
+                                                "(`emulated`, `checkpoint` or `store`), quant spec, checkpoint "
+                                                "files' SHA-256, bits per weight (per module class and total); "
+                                                "for a candidate store its spec, manifest SHA-256, model id and "
+                                                "revision and kind (null for the teacher itself)", default=None)
     tool: dict[str, Any] | None = key("fideval's name, version, git commit and Python", default=None)
+    lossy_rule: str | None = key("how the candidate met a lossy teacher: the llama.cpp encoding applied to the "
+                                 "candidate, or none when both are lossy stores; null for an exact teacher (added in "
+                                 "version 1, optional)", default=None)
     profile: RunProfile | None = key("where the run's time went, tokens/s and model FLOP utilisation (added in "
                                      "version 1, optional)", default=None)
 

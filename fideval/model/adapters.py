@@ -10,8 +10,9 @@ what the full model's ``forward`` and ``from_pretrained`` would otherwise do for
   the per-expert layout on load; its ``save_pretrained`` writes the per-expert layout back
   (``mlp.experts.<e>.gate_proj.weight``, as on the Hub for DeepSeek-V3 and Qwen3-MoE; Mixtral's Hub
   layout is ``block_sparse_moe.experts.<e>.w1/w3/w2``). gpt-oss is stored fused. We accept all three.
-* the model-level forward: position ids ``arange(L)``, one rotary module for all layers, the causal (or
-  sliding-window, per ``config.layer_types``) mask from transformers' own mask utilities.
+* the model-level forward, per family (:mod:`fideval.model.families`, the table of what the runner runs and
+  refuses): position ids ``arange(L)``, the rotary module (once, or per layer type), the mask of each layer
+  type from transformers' own mask utilities, the embedding scale and the logits' finish.
 * FP8 releases (:mod:`fideval.model.fp8_release`): fp8 weights and their block scales are read as stored
   (per-expert ones stacked into the fused layout, scales alongside), moved to the device as
   :class:`~fideval.model.fp8_release.Packed` and dequantized there in :meth:`Adapter.materialize`.
@@ -36,18 +37,8 @@ import torch
 from fideval.errors import FidevalError
 from fideval.model import fp8_release
 from fideval.model.checkpoint import WeightSource
+from fideval.model.families import FAMILIES, MASKS, REFUSED, REFUSED_SETTINGS, Family
 from fideval.model.module_classes import quantized_class
-
-# architectures[0] -> (transformers model package, class-name prefix, sliding window applies to all layers when set)
-ARCHS: dict[str, tuple[str, str, bool]] = {
-    "LlamaForCausalLM": ("llama", "Llama", False),
-    "Qwen2ForCausalLM": ("qwen2", "Qwen2", False),
-    "Qwen3ForCausalLM": ("qwen3", "Qwen3", False),
-    "MixtralForCausalLM": ("mixtral", "Mixtral", True),
-    "Qwen3MoeForCausalLM": ("qwen3_moe", "Qwen3Moe", True),
-    "DeepseekV3ForCausalLM": ("deepseek_v3", "DeepseekV3", False),
-    "GptOssForCausalLM": ("gpt_oss", "GptOss", False),
-}
 
 # model_type transformers does not know -> the one whose config class builds it (same architectures[0])
 CONFIG_ALIASES = {"kimi_k2": "deepseek_v3"}
@@ -73,10 +64,34 @@ def check_model_config(cfg: dict, where) -> str:
     ``quantization_config`` must be an FP8 release's (:func:`fideval.model.fp8_release.detect`)."""
     archs = cfg.get("architectures") or []
     arch = archs[0] if archs else None
-    if arch not in ARCHS:
-        raise FidevalError(f"{where}: architecture {arch!r} is not supported", hint="supported: " + ", ".join(sorted(ARCHS)))
+    if arch in REFUSED:
+        raise FidevalError(f"{where}: architecture {arch!r} is refused: {REFUSED[arch]}",
+                           hint="the runner could not reproduce transformers' forward exactly (docs/runner.md)")
+    if arch not in FAMILIES:
+        raise FidevalError(f"{where}: architecture {arch!r} is not supported", hint="supported: " + ", ".join(sorted(FAMILIES)))
     fp8_release.detect(cfg, where)
     return arch
+
+
+def check_features(arch: str, config, where) -> None:
+    """Refuse, in one line naming it, a feature of the built ``config`` the runner cannot reproduce exactly: a
+    layer type no mask rule covers (:data:`~fideval.model.families.MASKS`), a switch in ``REFUSED_SETTINGS``."""
+    family = FAMILIES[arch]
+    for (model_type, key, value), feature in REFUSED_SETTINGS.items():
+        if model_type == family.model_type and getattr(config, key, None) == value:
+            raise FidevalError(f"{where}: {key}={value!r} ({feature}) is not supported by the layer-major runner",
+                               hint="the runner could not reproduce transformers' forward exactly (docs/runner.md)")
+    from transformers import masking_utils
+
+    for t in sorted(set(getattr(config, "layer_types", None) or ())):
+        if t not in MASKS:
+            raise FidevalError(f"{where}: layer type {t!r} is not supported by the layer-major runner",
+                               hint="known layer types: " + ", ".join(MASKS))
+        if MASKS[t] is not None and not hasattr(masking_utils, MASKS[t]):
+            import transformers
+
+            raise FidevalError(f"{where}: layer type {t!r} needs transformers' {MASKS[t]}, which transformers "
+                               f"{transformers.__version__} does not have", hint="upgrade transformers (tested with 5.25)")
 
 
 def model_config(cfg: dict, config_dir, where):
@@ -110,8 +125,7 @@ class Adapter:
     arch: str
     config: object
     modeling: types.ModuleType
-    prefix: str
-    sliding_if_set: bool
+    family: Family
     keep_fp32: tuple[str, ...]
     release: fp8_release.Release | None = None
 
@@ -129,21 +143,32 @@ class Adapter:
         release = getattr(ckpt, "release", None)  # an FP8 release's format, or None: reads give floats
         if release is not None:
             fp8_release.check(ckpt, release)  # before any compute
-        package, prefix, sliding = ARCHS[arch]
+        family = FAMILIES[arch]
         config = model_config(cfg, config_dir, where)
-        modeling = importlib.import_module(f"transformers.models.{package}.modeling_{package}")
+        check_features(arch, config, where)
+        try:
+            modeling = importlib.import_module(f"transformers.models.{family.package}.modeling_{family.package}")
+            getattr(modeling, family.prefix + "DecoderLayer")
+        except (ImportError, AttributeError):
+            import transformers
+
+            raise FidevalError(f"{where}: architecture {arch!r} is not in the installed transformers "
+                               f"{transformers.__version__}", hint="upgrade transformers (tested with 5.25)") from None
         model_cls = getattr(modeling, arch)
         if attn_implementation is None:
             attn_implementation = "sdpa" if getattr(model_cls, "_supports_sdpa", False) else "eager"
         config._attn_implementation = attn_implementation
-        if getattr(config, "_experts_implementation", None) in (None, "eager"):
+        # explicit: a layer built outside PreTrainedModel would fall back to eager experts; only where the model
+        # class has experts whose implementation can be set (transformers refuses the setting elsewhere)
+        can_set = getattr(model_cls, "_can_set_experts_implementation", None)
+        if getattr(config, "_experts_implementation", None) in (None, "eager") and (can_set is None or can_set()):
             config._experts_implementation = "grouped_mm"
         keep = tuple(getattr(model_cls, "_keep_in_fp32_modules", None) or ()) + \
             tuple(getattr(model_cls, "_keep_in_fp32_modules_strict", None) or ())
-        return cls(ckpt, arch, config, modeling, prefix, sliding, keep, release)
+        return cls(ckpt, arch, config, modeling, family, keep, release)
 
     def cls(self, suffix: str):
-        return getattr(self.modeling, self.prefix + suffix)
+        return getattr(self.modeling, self.family.prefix + suffix)
 
     @property
     def n_layers(self) -> int:
@@ -162,8 +187,33 @@ class Adapter:
         finally:
             torch.set_default_dtype(old)
 
-    def rotary(self, device) -> torch.nn.Module:
-        return self.cls("RotaryEmbedding")(config=self.config).to(device)
+    def position_embeddings(self, hidden: torch.Tensor, position_ids: torch.Tensor) -> dict[str, object]:
+        """Rotary embeddings by layer type, as the model's forward computes them: one call for all layers, or
+        one per layer type (Gemma 3's local and global bases)."""
+        rotary = self.cls("RotaryEmbedding")(config=self.config).to(hidden.device)
+        kinds = sorted({self.layer_type(i) for i in range(self.n_layers)})
+        if self.family.rotary_by_type:
+            return {k: rotary(hidden, position_ids, k) for k in kinds}
+        pe = rotary(hidden, position_ids)
+        return dict.fromkeys(kinds, pe)
+
+    def embed(self, h: torch.Tensor) -> torch.Tensor:
+        """The model's scaling of the looked-up embeddings (Gemma: sqrt(H) in the compute dtype; Granite: its
+        ``embedding_multiplier``), else ``h``."""
+        if self.family.embed == "sqrt_hidden":
+            return h * torch.tensor(float(self.config.hidden_size) ** 0.5).to(h.dtype)
+        if self.family.embed == "multiplier":
+            return h * self.config.embedding_multiplier
+        return h
+
+    def finish_logits(self, logits: torch.Tensor) -> torch.Tensor:
+        """The model's last step on the logits (float32): Gemma's final soft-capping, Granite's ``logits_scaling``."""
+        if self.family.head == "softcap" and getattr(self.config, "final_logit_softcapping", None) is not None:
+            cap = self.config.final_logit_softcapping
+            return torch.tanh(logits / cap) * cap
+        if self.family.head == "divide":
+            return logits / self.config.logits_scaling
+        return logits
 
     def final_norm(self, weight: torch.Tensor) -> torch.nn.Module:
         eps = getattr(self.config, "rms_norm_eps", 1e-6)
@@ -177,24 +227,30 @@ class Adapter:
         return int(experts.num_experts) if experts is not None else 0
 
     def masks(self, hidden: torch.Tensor, position_ids: torch.Tensor) -> dict[str, object]:
-        """The masks the model's own forward builds, by layer type (None = sdpa's is_causal path)."""
+        """The masks the model's own forward builds, by layer type (None = sdpa's is_causal path, or a layer
+        that takes none), from transformers' own mask utilities (:data:`~fideval.model.families.MASKS`)."""
         from transformers import masking_utils as mu
 
         params = inspect.signature(mu.create_causal_mask).parameters
         kw = {"config": self.config, "inputs_embeds": hidden, "attention_mask": None, "position_ids": position_ids}
         kw["cache" if "cache" in params else "past_key_values"] = None
-        out = {"full_attention": mu.create_causal_mask(**kw)}
-        if getattr(self.config, "sliding_window", None) is not None:
-            out["sliding_attention"] = mu.create_sliding_window_causal_mask(**kw)
+        out = {}
+        for kind in sorted({self.layer_type(i) for i in range(self.n_layers)}):
+            fn = MASKS[kind]
+            if fn is None:
+                out[kind] = None
+                continue
+            f = getattr(mu, fn)
+            accepted = inspect.signature(f).parameters
+            extra = {k: v for k, v in self.family.mask_kw if k in accepted or "kwargs" in accepted}
+            out[kind] = f(**kw, **extra)
         return out
 
     def layer_type(self, i: int) -> str:
+        if self.family.sliding_all:  # the model's forward: one mask for all layers, whatever layer_types says
+            return "sliding_attention" if getattr(self.config, "sliding_window", None) is not None else "full_attention"
         types_ = getattr(self.config, "layer_types", None)
-        if types_:
-            return types_[i]
-        if self.sliding_if_set and getattr(self.config, "sliding_window", None) is not None:
-            return "sliding_attention"
-        return "full_attention"
+        return types_[i] if types_ else "full_attention"
 
     # -- tensors -----------------------------------------------------------------------------------
     def top_keys(self) -> dict[str, str]:
@@ -204,6 +260,11 @@ class Adapter:
 
     def _disk_key(self, i: int, name: str) -> str:
         key = f"model.layers.{i}.{name}"
+        for mine, theirs in self.family.renames:  # transformers' conversion_mapping renames on load
+            if key not in self.ckpt and mine in name:
+                alt = f"model.layers.{i}.{name.replace(mine, theirs)}"
+                if alt in self.ckpt:
+                    return alt
         if key not in self.ckpt and name.startswith("mlp."):
             alt = f"model.layers.{i}.block_sparse_moe.{name[4:]}"  # Mixtral's Hub layout
             if alt in self.ckpt:

@@ -81,7 +81,7 @@ def dims(cfg: Any) -> Dims:
         E, moe_i, shared = int(_get(cfg, "num_local_experts", 0)), inter, 0
         moe = (E > 0,) * n
     else:
-        E, moe_i, shared, moe = 0, 0, 0, (False,) * n
+        E, moe_i, shared, moe, inter = _other_families(cfg, n, H, inter)
     win = _get(cfg, "sliding_window")
     types_ = _get(cfg, "layer_types")
     if types_:
@@ -91,6 +91,36 @@ def dims(cfg: Any) -> Dims:
     return Dims(hidden=H, vocab=V, layers=n, attn_proj=proj, score_per_key=per_key, router=H * E, expert=3 * H * moe_i,
                 top_k=int(_get(cfg, "num_experts_per_tok", 0)) if E else 0, experts=E, shared=shared, dense=3 * H * inter,
                 moe_layers=moe, windows=windows, moe_intermediate=moe_i, q_dim=q_dim, k_dim=k_dim, v_dim=v_dim)
+
+
+def _other_families(cfg: Any, n: int, H: int, inter: int) -> tuple[int, int, int, tuple[bool, ...], int]:
+    """Routed experts, their intermediate size, shared experts' multiply-adds, which layers are MoE and the dense
+    layers' intermediate size, for the families beyond the seven above (fideval.model.families), from the config
+    keys each names them by. Their attention is counted as standard (linear-attention and indexer layers differ:
+    an estimate for sizing and utilisation, checked against the layers' own parameter counts in
+    tests/test_model_families.py, not against a FLOP counter)."""
+    E = next((int(_get(cfg, k)) for k in ("n_routed_experts", "num_experts", "num_local_experts", "moe_num_experts")
+              if _get(cfg, k)), 0)
+    if not E:
+        return 0, 0, 0, (False,) * n, inter
+    moe_i = int(_get(cfg, "moe_intermediate_size", 0)) or inter
+    shared_i = (int(_get(cfg, "n_shared_experts", 0)) * moe_i or int(_get(cfg, "shared_expert_intermediate_size", 0))
+                or int(_get(cfg, "moe_num_shared_experts", 0)) * moe_i or int(_get(cfg, "num_shared_expert", 0)) * inter
+                or (inter if _get(cfg, "model_type") == "llama4_text" else 0))
+    if _get(cfg, "mlp_layer_types"):
+        moe = tuple(t == "sparse" for t in _get(cfg, "mlp_layer_types")[:n])
+    elif _get(cfg, "moe_layers") is not None and not isinstance(_get(cfg, "moe_layers"), bool):
+        moe = tuple(i in set(_get(cfg, "moe_layers")) for i in range(n))
+    elif _get(cfg, "moe_layer_interval"):
+        a, b = int(_get(cfg, "moe_layer_start_index", 0)), _get(cfg, "moe_layer_end_index", n - 1)
+        step, last = int(_get(cfg, "moe_layer_interval")), n - 1 if b in (None, -1) else int(b)
+        moe = tuple((i + 1) % step == 0 and a <= i <= last for i in range(n))
+    else:
+        first = int(_get(cfg, "first_k_dense_replace", 0))
+        only, step = set(_get(cfg, "mlp_only_layers", []) or []), int(_get(cfg, "decoder_sparse_step", 1))
+        moe = tuple(i >= first and i not in only and (i + 1) % step == 0 for i in range(n))
+    dense_i = int(_get(cfg, "intermediate_size_mlp", 0)) or inter
+    return E, moe_i, 3 * H * shared_i, moe, dense_i
 
 
 def mean_keys(length: int, window: int | None = None, causal: bool = True) -> float:

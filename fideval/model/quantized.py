@@ -249,6 +249,8 @@ def _deliver(t: torch.Tensor, key: str, where, pin: bool, out: torch.Tensor | No
 # llama.cpp architecture -> the HF architecture it must be a build of (transformers 5.24 maps these names)
 GGUF_ARCHS = {"llama": "LlamaForCausalLM", "qwen2": "Qwen2ForCausalLM", "qwen3": "Qwen3ForCausalLM",
               "qwen3moe": "Qwen3MoeForCausalLM"}
+# builds whose metadata is checked against the reference although fideval cannot run them as candidates yet
+_GGUF_METADATA_ONLY = {"DeepseekV3ForCausalLM": ("deepseek2",), "DeepseekV2ForCausalLM": ("deepseek2",)}
 # tensors llama.cpp adds that are no parameter of the HF model (rope frequency factors are in config.json)
 _GGUF_IGNORED = re.compile(r"^(rope_freqs|rope_factors_long|rope_factors_short)\.weight$")
 
@@ -266,6 +268,7 @@ class GGUFCheckpoint:
     release = None
 
     def __init__(self, gguf_path: str | Path, reference_dir: str | Path):
+        from fideval.model.gguf_meta import check_gguf_metadata
         from fideval.quant.gguf_file import _reader
 
         self.dir = Path(gguf_path)
@@ -275,6 +278,9 @@ class GGUFCheckpoint:
         f = self.reader.fields.get("general.architecture")
         arch = bytes(f.parts[-1]).decode("utf-8", "replace") if f is not None else None
         hf_arch = (self.config_dict.get("architectures") or [None])[0]
+        if arch in GGUF_ARCHS and GGUF_ARCHS[arch] == hf_arch or arch in _GGUF_METADATA_ONLY.get(hf_arch, ()):
+            # what llama.cpp computes from the metadata, before the names and shapes (gguf_meta.py)
+            check_gguf_metadata(self.reader, arch, self.config_dict, self.dir)
         if arch not in GGUF_ARCHS:
             raise FidevalError(f"{self.dir}: GGUF architecture {arch!r} is not supported",
                                hint=f"supported: {', '.join(sorted(GGUF_ARCHS))}")

@@ -292,15 +292,14 @@ class Runner:
                 for j, mb in enumerate(mbs):
                     with mb_part(j), tl.part("embed"):
                         ids = torch.from_numpy(np.ascontiguousarray(tokens[mb], dtype=np.int64)).to(dev)
-                        h = emb(ids)
+                        h = self.adapter.embed(emb(ids))
                         states.append(h if on_dev else h.to("cpu").pin_memory())
                 del emb
                 pf.release()
                 with tl.part("setup"):
                     pos = torch.arange(L, device=dev).unsqueeze(0)
-                    rotary = self.adapter.rotary(dev)
                     sample = torch.empty((1, L, H), dtype=self.dtype, device=dev)
-                    pe = rotary(sample, pos)
+                    pes = self.adapter.position_embeddings(sample, pos)  # by layer type
                 masks: dict[int, dict] = {}
                 for i in range(n_layers):
                     layer = get()
@@ -309,7 +308,7 @@ class Runner:
                             for t in list(layer.parameters()) + list(layer.buffers()):
                                 t.record_stream(torch.cuda.current_stream(dev))
                         kind = self.adapter.layer_type(i)
-                        phased = self.blocks is not None and self.blocks.splits(layer)
+                        phased = self.blocks is not None and self.adapter.family.halves and self.blocks.splits(layer)
                         if tl.on and not phased:  # the layer's own forward: its attention and MLP calls are parts
                             mlp = getattr(layer, "mlp", None)
                             if hasattr(layer, "self_attn"):
@@ -324,10 +323,10 @@ class Runner:
                                 with tl.part("setup"):
                                     masks[x.shape[0]] = self.adapter.masks(x, pos)
                             if phased:
-                                y = self.blocks.attention_half(layer, x, masks[x.shape[0]][kind], pos, pe)
+                                y = self.blocks.attention_half(layer, x, masks[x.shape[0]][kind], pos, pes[kind])
                             else:
                                 with tl.part("norms"):  # what the attention and MLP parts leave: norms, residual adds
-                                    y = layer(x, attention_mask=masks[x.shape[0]][kind], position_ids=pos, position_embeddings=pe)
+                                    y = layer(x, attention_mask=masks[x.shape[0]][kind], position_ids=pos, position_embeddings=pes[kind])
                             with tl.part("states"):
                                 if on_dev:
                                     states[j] = y
@@ -352,6 +351,7 @@ class Runner:
                             logits = head.lm_head(x)
                             if self.world > 1:
                                 logits = parallel.gather_vocab(logits, self.vocab_bounds, self.group)
+                            logits = self.adapter.finish_logits(logits)
                     for r, row in enumerate(mb):
                         yield j, row, logits[r]
                 del head
@@ -379,12 +379,15 @@ class Runner:
 
 
 def iter_logits(weights: WeightSource | str | Path, sequences, options: RunnerOptions | None = None, *,
-                timeline: Timeline | None = None) -> Iterator[tuple[str, torch.Tensor]]:
+                timeline: Timeline | None = None,
+                skip: Callable[[str], bool] | None = None) -> Iterator[tuple[str, torch.Tensor]]:
     """The contract entry point: ``(seq_id, float32 [L, V])`` per sequence, layer by layer; ``timeline``: the
-    caller's, to put the runner's parts beside its own (fideval.model.profile).
+    caller's, to put the runner's parts beside its own (fideval.model.profile); ``skip``: sequences not to
+    yield (:meth:`Runner.iter_logits`: a resumed run computes only the chunks that hold another).
 
     Under torchrun (WORLD_SIZE > 1) every rank must call this; each yields the same, full logits.
     """
     options = options or RunnerOptions()
     rank, world, group = parallel.init_from_env(resolve_device(options.device))
-    yield from Runner(weights, options, rank=rank, world=world, group=group, timeline=timeline).iter_logits(sequences)
+    yield from Runner(weights, options, rank=rank, world=world, group=group, timeline=timeline).iter_logits(sequences,
+                                                                                                       skip=skip)

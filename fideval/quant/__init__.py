@@ -4,7 +4,8 @@ Public API (the contract with the runner and scorer):
 ``get_format(name)``, ``quant_dequant(x, format, recipe=None, group=None)``, ``act_quant_e4m3(x, block, scale)``,
 ``compile_spec(spec)`` (-> ``.weight_transform``, ``.act_transform``, ``.bits``), ``parse_spec``,
 ``module_class_of``, ``check_spec_classes``. Families: ``fp8`` (DeepSeek 128x128 blocks), ``mx`` (OCP MX),
-``nvfp4``, ``gguf_formats`` (llama.cpp blocks, byte-identical to gguf-py), ``intgroup`` (INT4/INT8 RTN).
+``nvfp4``, ``gguf_formats`` (llama.cpp blocks, byte-identical to gguf-py), ``gguf_ktypes`` (K-quants and
+IQ4, byte-identical to llama.cpp, with ``imatrix``), ``intgroup`` (INT4/INT8 RTN).
 """
 
 from fideval.quant.activations import act_quant_e4m3

@@ -160,7 +160,7 @@ def register(fmt: Format) -> Format:
 
 def _load_all() -> None:
     # Importing the family modules registers their formats.
-    from fideval.quant import fp8, gguf_formats, intgroup, mx, nvfp4  # noqa: F401
+    from fideval.quant import fp8, gguf_formats, gguf_ktypes, intgroup, mx, nvfp4  # noqa: F401
 
 
 def get_format(name: str) -> Format:

@@ -84,6 +84,11 @@ def _reader(path: str | Path):
         return GGUFReader(str(path))
     except FileNotFoundError:
         raise FidevalError(f"GGUF file {path} not found", hint="check the path") from None
+    except ValueError as e:
+        if "GGMLQuantizationType" in str(e):  # a type id this gguf-py does not know
+            raise FidevalError(f"{path}: a tensor has an unknown GGML type ({str(e)[:80]})",
+                               hint="a newer llama.cpp type: update the gguf package (or requantize to a known type)") from None
+        raise FidevalError(f"{path}: not a readable GGUF file (ValueError: {str(e)[:120]})", hint=_FIX) from None
     except Exception as e:  # gguf-py raises ValueError/AssertionError/struct.error on malformed files
         raise FidevalError(f"{path}: not a readable GGUF file ({type(e).__name__}: {str(e)[:120]})", hint=_FIX) from None
 

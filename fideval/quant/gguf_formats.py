@@ -48,6 +48,14 @@ def _roundf(n: torch.Tensor) -> torch.Tensor:
     return torch.sign(n) * (f + torch.floor(2 * (a - f)))
 
 
+def _c_code(v: torch.Tensor, top: int) -> torch.Tensor:
+    """ggml's ``MIN(top, (int8_t)(v))`` for ``v`` in [0, top + 1) or not finite. A block whose scale ``d``
+    is a float32 subnormal has ``1/d = inf``, so its values become +-inf or NaN (0 * inf); the C cast of
+    those (x86 ``cvttss2si``: 0x80000000, low byte 0) gives code 0 for every element. Clamping inf to
+    ``top`` instead was the 4-blocks-in-8,494 difference from gguf-py and llama.cpp on subnormal rows."""
+    return torch.where(torch.isfinite(v), torch.trunc(v).clamp(0, top), torch.zeros_like(v)).to(torch.uint8)
+
+
 def _pack_nibbles(q: torch.Tensor) -> torch.Tensor:
     """Element j in the low nibble and element j + 16 in the high nibble of byte j."""
     q = q.to(torch.uint8)
@@ -72,14 +80,14 @@ def _encode_blocks(b: torch.Tensor, kind: str) -> torch.Tensor:
         imax = b.abs().argmax(-1, keepdim=True)
         mx = torch.gather(b, -1, imax)
         d = mx / -lim
-        q = torch.trunc(b * _inv(d) + (lim + 0.5)).clamp(0, 2 * lim - 1).to(torch.uint8)
+        q = _c_code(b * _inv(d) + (lim + 0.5), 2 * lim - 1)
         parts = [_f16_bytes(d)] + ([_pack_high_bits(q)] if kind == "q5_0" else []) + [_pack_nibbles(q)]
         return torch.cat(parts, -1)
     if kind in ("q4_1", "q5_1"):
         top = 15 if kind == "q4_1" else 31
         mx, mn = b.amax(-1, keepdim=True), b.amin(-1, keepdim=True)
         d = (mx - mn) / top
-        q = torch.trunc((b - mn) * _inv(d) + 0.5).clamp(0, top).to(torch.uint8)
+        q = _c_code((b - mn) * _inv(d) + 0.5, top)
         parts = [_f16_bytes(d), _f16_bytes(mn)] + ([_pack_high_bits(q)] if kind == "q5_1" else []) + [_pack_nibbles(q)]
         return torch.cat(parts, -1)
     if kind == "mxfp4":

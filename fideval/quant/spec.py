@@ -110,9 +110,20 @@ def check_spec_classes(spec: Any, present: Iterable[str]) -> None:
 class CompiledSpec:
     """The runner's hooks for one candidate: ``weight_transform`` and (serving path) ``act_transform``."""
 
-    def __init__(self, spec: Any, *, act_scale: str = "fp32", act_block: int = 128):
+    def __init__(self, spec: Any, *, act_scale: str = "fp32", act_block: int = 128,
+                 imatrix: Callable[[str, tuple[int, ...]], torch.Tensor] | None = None):
         self.modules = resolve_spec(spec)
         self.act_scale, self.act_block = act_scale, act_block
+        # importance weights per parameter (fideval.quant.imatrix.ImatrixLookup) for the gguf K/I formats
+        self.imatrix = imatrix
+        if imatrix is not None:
+            from fideval.quant.gguf_ktypes import K_FORMATS
+
+            k_names = {f.name for f in K_FORMATS.values()}
+            other = sorted(c for c, m in self.modules.items() if m.format not in k_names)
+            if other:
+                raise FidevalError(f"an imatrix is given but {', '.join(other)} use(s) a format without importance "
+                                   "weights here", hint=f"use {', '.join(sorted(k_names))} or drop the imatrix")
 
     @property
     def is_identity(self) -> bool:
@@ -126,6 +137,10 @@ class CompiledSpec:
         from fideval.quant.base import get_format
 
         try:
+            if self.imatrix is not None:
+                from fideval.quant.gguf_ktypes import gguf_k_quant_dequant
+
+                return gguf_k_quant_dequant(tensor, m.format, self.imatrix(name, tuple(tensor.shape)))
             return get_format(m.format).quant_dequant(tensor, m.recipe, m.group)
         except FidevalError as e:
             raise FidevalError(f"{name} ({module_class}): {e.message}", hint=e.hint) from None

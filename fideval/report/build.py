@@ -24,6 +24,7 @@ from fideval.provenance import canonical_hash, tool_block
 from fideval.report import checks
 from fideval.report.comparisons import comparisons
 from fideval.report.figures import SetFigures, summary
+from fideval.report.identity import candidate_identity
 from fideval.report.inputs import RecordSet, load_records, merge
 from fideval.report.noise import noise_floor
 from fideval.report.schema import FORMAT, VERSION, plain
@@ -97,13 +98,18 @@ def _provenance(
     for rs in sets + self_sets:
         for p in rs.parts:
             t = p.score.get("teacher") or {}
-            teachers[(rs.length, str(t.get("store")))] = {
+            entry = teachers.setdefault((rs.length, str(t.get("store"))), {
                 "length": rs.length,
                 "store": t.get("store"),
                 "model_id": t.get("model_id"),
                 "model_revision": t.get("model_revision"),
                 "manifest_sha256": t.get("manifest_sha256"),
-            }
+                "kind": t.get("kind"),
+            })
+            if t.get("lossy"):  # a llama.cpp import: which kind, and how each candidate met it (fideval.score.lossy)
+                entry["lossy"] = t["lossy"]
+                rule = p.score.get("lossy_rule")
+                entry["lossy_rules"] = sorted(set(entry.get("lossy_rules", [])) | ({rule} if rule else set()))
     first = sets[0].parts[0].score.get("teacher") or {}
     ref = {"model_id": first.get("model_id"), "model_revision": first.get("model_revision")}
     if cfg is not None:
@@ -136,7 +142,10 @@ def _provenance(
             )
             for p in rs.parts
         }
-        cand.setdefault(rs.candidate, entry)["scoring"].append(
+        info = candidate_identity(rs.candidate, [(p.folder, p.score.get("candidate_info")) for p in rs.parts])
+        mine = cand.setdefault(rs.candidate, entry)  # one build on every path and length:
+        mine["info"] = candidate_identity(rs.candidate, [("its other records", mine.get("info")), (rs.where, info)])
+        cand[rs.candidate]["scoring"].append(
             {"path": rs.path, "length": rs.length, "runs": [json.loads(r) for r in sorted(runs)]}
         )
     dataset: dict[str, Any] = {

@@ -1,28 +1,23 @@
 """``fideval card``: report.json -> a model card (README.md) for one candidate build.
 
-The YAML front matter is built as plain Python (floats via ``float()``, never numpy scalars or NaN)
-and written with ``yaml.safe_dump`` so any YAML reader — the Hub's included — parses it; the markdown
-body is a jinja2 template with StrictUndefined, so a misspelt field fails loudly instead of printing
-nothing. ``model-index`` holds one result per (path, length) whose metrics are the card's figures,
-each with its interval in ``args``; ``x_fidelity`` records what the figures were measured against.
-Same report in, byte-identical card out.
+The YAML front matter is the fidelity model-card format (``model-index`` + ``x_fidelity``), built by
+``card_meta`` with huggingface_hub's card classes, so the Hub reads back exactly what was written. The
+markdown body is a jinja2 template with StrictUndefined, so a misspelt field fails loudly instead of
+printing nothing. Same report in, byte-identical card out.
 """
 
 from __future__ import annotations
 
 import hashlib
-import json
 import os
 import re
 from pathlib import Path
 from typing import Any
 
-import yaml
-
 from fideval.errors import FidevalError
+from fideval.report import card_meta
 from fideval.report.card_intervals import beside_context
 
-SPEC_VERSION = 1
 TOOL_URL = "https://github.com/fideval/fideval"
 HEADLINE_QUANTILES = (0.5, 0.9, 0.99, 0.999)
 TEMPLATES = Path(__file__).resolve().parent / "templates"
@@ -64,98 +59,16 @@ def pick_candidate(report: dict[str, Any], candidate: str | None) -> str:
     return candidate
 
 
-def _metric(mtype: str, name: str, fig: dict[str, Any], **args: Any) -> dict[str, Any]:
-    a = {
-        "ci_low": None if fig["ci"][0] is None else float(fig["ci"][0]),  # null: unbounded (flagged)
-        "ci_high": None if fig["ci"][1] is None else float(fig["ci"][1]),
-        "confidence": float(fig["confidence"]),
-        "interval": fig["method"],
-        **args,
-    }
-    return {"type": mtype, "name": name, "value": float(fig["estimate"]), "args": a}
-
-
-def front_matter(report: dict[str, Any], candidate: str, report_sha256: str) -> dict[str, Any]:
-    prov, st = report["provenance"], report["settings"]
-    ds = prov["dataset"]
-    rows = [r for r in report["results"] if r["candidate"] == candidate]
-    results = []
-    for r in rows:
-        o = r["overall"]
-        metrics = [
-            _metric(
-                "mean_kld",
-                "Mean KLD vs reference (nats/token)",
-                o["mean_kld"],
-                resamples=int(st["resamples"]),
-                seed=int(st["seed"]),
-                clusters=int(o["mean_kld"]["clusters"]),
-            )
-        ]
-        for q in o["kld_quantiles"]:
-            metrics.append(
-                _metric(
-                    f"kld_p{100 * q['q']:g}",
-                    f"KLD {100 * q['q']:g}th percentile (nats)",
-                    q,
-                    quantile_method=q["quantile_method"],
-                )
-            )
-        top1 = o["top1"] if "ci" in o["top1"] else {**o["top1"]["wilson"], "estimate": o["top1"]["estimate"]}
-        metrics.append(_metric("top1_agreement", "Top-1 agreement with reference", top1, rows=int(o["top1"]["rows"])))
-        results.append(
-            {
-                "task": {"type": "text-generation", "name": "Fidelity to the reference model"},
-                "dataset": {
-                    "type": "fideval-windows",
-                    "name": str(ds["name"]),
-                    "revision": ds["windows_file_sha256"] or "unknown",
-                    "args": {
-                        "path": r["path"],
-                        "length": int(r["length"]),
-                        "windows": int(r["clusters"]),
-                        "rows": int(r["rows"]),
-                        "domains": list(st["domains"]),
-                    },
-                },
-                "metrics": metrics,
-            }
-        )
-    ref = prov["reference"]
-    tool = prov["tool"]
-    return {
-        "base_model": prov["base_model"] or ref["model_id"],
-        "tags": ["fideval", "quantized", "fidelity-evaluation", "kl-divergence"],
-        "model-index": [{"name": candidate, "results": results}],
-        "x_fidelity": {
-            "spec_version": SPEC_VERSION,
-            "role": "quantized-candidate",
-            "reference": {"model": ref["model_id"], "revision": ref["model_revision"]},
-            "dataset": {
-                "name": str(ds["name"]),
-                "revision": ds["windows_file_sha256"],
-                "windows": len(ds["windows"]),
-                "sources": ds["sources"],
-            },
-            "scope": {
-                "paths": sorted({r["path"] for r in rows}),
-                "lengths": sorted({int(r["length"]) for r in rows}),
-                "domains": list(st["domains"]),
-                "rows": int(sum(r["rows"] for r in rows)),
-            },
-            "measured_by": {
-                "tool": "fideval",
-                "version": tool["version"],
-                "git_commit": tool["git_commit"],
-                "report_format": report["format"],
-                "report_version": int(report["version"]),
-                "report_sha256": report_sha256,
-                "config_hash": prov["config_hash"],
-                "resamples": int(st["resamples"]),
-                "seed": int(st["seed"]),
-            },
-        },
-    }
+def checks_summary(checks: list[dict[str, Any]]) -> str:
+    """One sentence on the integrity checks: how many passed, and every one that failed or did not run, by
+    name, so a reader sees what the numbers are not vouched for."""
+    by = {k: [c["name"] for c in checks if c["status"] == k] for k in ("pass", "fail", "not_run")}
+    parts = [f"{len(by['pass'])} of {len(checks)} integrity checks passed"]
+    if by["fail"]:
+        parts.append(f"FAILED: {', '.join(by['fail'])}")
+    if by["not_run"]:
+        parts.append(f"not run (their inputs were not given, so nothing is claimed for them): {', '.join(by['not_run'])}")
+    return "; ".join(parts) + "."
 
 
 def card_context(
@@ -211,6 +124,23 @@ def card_context(
         {"name": c["name"], "status": c["status"], "detail": str(c["detail"]).replace("|", "/")}
         for c in report["checks"]
     ]
+    by_length = [
+        {"length": n, "rows": [h for h in headline if h["length"] == n]}
+        for n in sorted({h["length"] for h in headline})
+    ]
+    domain_lines = [
+        {
+            "path": r["path"],
+            "length": r["length"],
+            "text": ", ".join(
+                f"{d} {_g(r['domains'][d]['mean_kld']['estimate'], 3)}"
+                for d in domains
+                if (r["domains"].get(d) or {}).get("mean_kld")
+            ),
+        }
+        for r in rows
+    ]
+    ds = card_meta._dataset(report)
     return beside_context(report, rows) | {
         "title": f"{candidate}: fidelity to {prov['reference']['model_id']}",
         "candidate": candidate,
@@ -230,10 +160,24 @@ def card_context(
         "lengths": lengths,
         "checks": checks,
         "plots": plots,
-        "dataset": {"name": prov["dataset"]["name"], "revision": prov["dataset"]["windows_file_sha256"]},
+        "by_length": by_length,
+        "domain_lines": domain_lines,
+        "checks_summary": checks_summary(report["checks"]),
+        "measured": card_meta.measurement(report, candidate),
+        "provenance": card_meta.candidate_provenance(report, candidate),
+        "head_bits": card_meta.head_bits(report, candidate),
+        "teacher_kind": card_meta.teacher_kind(report),
+        "dataset": {
+            "name": prov["dataset"]["name"],
+            "revision": ds["revision"],
+            "tokens_sha256": ds["tokens_sha256"],
+            "fidelity_dataset": ds["fidelity_dataset"],
+            "windows_file_sha256": prov["dataset"]["windows_file_sha256"],
+        },
         "tool": prov["tool"],
         "config_hash": prov["config_hash"],
         "report_sha256": report_sha256,
+        "lossy_teachers": [t for t in prov.get("teacher_stores") or [] if t.get("lossy")],
     }
 
 
@@ -244,13 +188,16 @@ def render(
     out_path: Path,
     candidate: str | None = None,
     template: str | Path | None = None,
+    registry: str | None = None,
+    lane: str | None = None,
 ) -> str:
     """The card's text: YAML front matter + the rendered markdown body."""
     import jinja2
 
     cand = pick_candidate(report, candidate)
     sha = hashlib.sha256(report_path.read_bytes()).hexdigest()
-    fm = front_matter(report, cand, sha)
+    data = card_meta.card_data(report, cand, sha, registry=registry, lane=lane)
+    fm = data.to_dict()
     ctx = card_context(report, cand, report_path.parent, out_path.parent, sha)
     if template is not None:
         tpath = Path(template)
@@ -274,6 +221,8 @@ def render(
         raise FidevalError(
             f"{origin}: {e.message}", hint="use the fields listed in docs/formats-report.md"
         ) from None
-    yml = yaml.safe_dump(json.loads(json.dumps(fm)), sort_keys=False, allow_unicode=True, width=1000)
+    from huggingface_hub import ModelCard
+
     body = re.sub(r"\n{3,}", "\n\n", body).strip()
-    return f"---\n{yml}---\n\n{body}\n"
+    # through ModelCard, as the Hub would write it: what ModelCard.load + save reproduce byte for byte
+    return str(ModelCard(f"---\n{data.to_yaml()}\n---\n\n{body}\n"))

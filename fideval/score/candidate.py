@@ -18,8 +18,8 @@ differ from the teacher for reasons that are not the quantization (:func:`teache
 from __future__ import annotations
 
 import json
-from collections.abc import Iterable, Iterator
-from dataclasses import dataclass
+from collections.abc import Callable, Iterable, Iterator
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -53,6 +53,14 @@ class Candidate:
     is_teacher: bool = False  # the teacher scored against itself: the run is the self-check
     timeline: Any = None  # a model run's fideval.model.profile.Timeline: the runner's parts beside the scorer's
     flops_per_token: float | None = None  # a model run's analytic model FLOPs per token (fideval.model.flops)
+    # resuming (fideval.score.resume): seq ids already scored, which the shards must not produce again. A model
+    # run's runner reads ``skip`` when it starts; store and teacher shards iterate ``pending``, which the scorer
+    # filters in place before the first shard is taken.
+    skip: set[str] = field(default_factory=set)
+    pending: list[str] | None = None
+    extent: Callable[[str], tuple[int, int]] | None = None  # a shard's (row_start, rows); None: (0, length)
+    shard_sha256: Callable[[str], str | None] | None = None  # a stored shard's SHA-256 (None: a model run)
+    lossy: str | None = None  # a candidate store's own `lossy` meta (a llama.cpp import): scored as stored
 
 
 def teacher_sequences(teacher: Any):
@@ -118,9 +126,11 @@ def run_options(files: Any, seqs: Any, settings: dict[str, Any], device: str) ->
 
 
 def _model_run(files: Any, teacher: Any, settings: dict[str, Any], device: str, checkpoint: Any = None,
-               timeline: Any = None, **transforms: Any) -> tuple[Iterator[CandidateShard], float, dict[str, Any]]:
+               timeline: Any = None, skip: set[str] | None = None,
+               **transforms: Any) -> tuple[Iterator[CandidateShard], float, dict[str, Any]]:
     """The runner over the teacher's sequences, with the teacher's settings; ``checkpoint`` (a real build)
-    stands in for the reference's weights, ``transforms`` are RunnerOptions' weight/act transforms. Returns the
+    stands in for the reference's weights, ``transforms`` are RunnerOptions' weight/act transforms; the
+    sequences in ``skip`` when the run starts are not yielded (nor computed, chunk by chunk). Returns the
     shards, the model FLOPs per token and the settings as run."""
     from fideval.model.flops import flops_per_token
     from fideval.model.runner import RunnerOptions, iter_logits
@@ -128,7 +138,8 @@ def _model_run(files: Any, teacher: Any, settings: dict[str, Any], device: str, 
     seqs = teacher_sequences(teacher)
     fields, config = run_options(files, seqs, settings, device)
     opts = RunnerOptions(**fields, **transforms)
-    logits = iter_logits(checkpoint if checkpoint is not None else files.folder, seqs, opts, timeline=timeline)
+    logits = iter_logits(checkpoint if checkpoint is not None else files.folder, seqs, opts, timeline=timeline,
+                         skip=skip.__contains__ if skip is not None else None)
     ran = {"dtype": settings["dtype"], "micro_batch": opts.micro_batch, "mlp_tokens": opts.mlp_tokens,
            "chunk_bytes": opts.host_budget_bytes}
     return (CandidateShard(sid, x) for sid, x in logits), flops_per_token(config, seqs.tokens.shape[1])["total"], ran
@@ -155,9 +166,11 @@ def from_config(cfg: Any, name: str, path: str, teacher: Any, device: str) -> Ca
     info = {"model_id": cfg.model.id, "model_revision": files.revision,
             "activations": "e4m3 per 1x128" if path == "serving" else "none", **info}
     timeline = Timeline(resolve_device(device))
-    shards, per_token, ran = _model_run(files, teacher, settings, device, timeline=timeline, **hooks)
+    skip: set[str] = set()
+    shards, per_token, ran = _model_run(files, teacher, settings, device, timeline=timeline, skip=skip, **hooks)
     info["run_settings"] = ran
-    return Candidate(name=name, path=path, shards=shards, info=info, timeline=timeline, flops_per_token=per_token)
+    return Candidate(name=name, path=path, shards=shards, info=info, timeline=timeline, flops_per_token=per_token,
+                     skip=skip)
 
 
 def _emulated(cand: Any, path: str, files: Any) -> tuple[dict[str, Any], dict[str, Any]]:
@@ -166,11 +179,29 @@ def _emulated(cand: Any, path: str, files: Any) -> tuple[dict[str, Any], dict[st
     from fideval.quant.spec import check_spec_classes, compile_spec
 
     quant = cand.quant.model_dump(exclude_none=True)
-    spec = compile_spec(quant)
+    im, im_info = imatrix_lookup(cand, files.folder)
+    spec = compile_spec(quant, imatrix=im)
     by_class = class_shapes(files.folder)
     check_spec_classes(quant, classes_present(by_class))
     hooks = {"weight_transform": spec.weight_transform, "act_transform": spec.act_transform if path == "serving" else None}
-    return hooks, {"source": "emulated", "quant": quant, "bits_per_weight": spec.bits(by_class, stored=release_bits(files.folder))}
+    info = {"source": "emulated", "quant": quant, "bits_per_weight": spec.bits(by_class, stored=release_bits(files.folder))}
+    return hooks, {**info, **({"imatrix": im_info} if im_info else {})}
+
+
+def imatrix_lookup(cand: Any, model_dir: Any) -> tuple[Any, dict[str, Any] | None]:
+    """The candidate's ``imatrix`` file as the spec's per-parameter lookup, and what score.json records of it."""
+    if getattr(cand, "imatrix", None) is None:
+        return None, None
+    from fideval.config import resolve_path
+    from fideval.fsio import sha256_file
+    from fideval.quant.imatrix import ImatrixLookup, read_imatrix
+
+    path = resolve_path(cand.imatrix)
+    im = read_imatrix(path)
+    cfg = json.loads((Path(model_dir) / "config.json").read_text())
+    lookup = ImatrixLookup(im, cfg.get("model_type"), int(cfg.get("num_hidden_layers") or 0))
+    return lookup, {"path": str(cand.imatrix), "sha256": sha256_file(path), "entries": len(im.entries),
+                    "datasets": im.datasets, "chunks": im.chunk_count, "legacy": im.legacy}
 
 
 def checkpoint_hooks(ckpt: Any, path: str) -> dict:
@@ -247,7 +278,8 @@ def store_shards(reader: Any, seq_ids: Iterable[str], device: Any = None, prefet
         yield CandidateShard(sid, logits, tokens, reader.row_start(sid))
 
 
-def from_store(reader: Any, teacher: Any, name: str, path: str = "store", device: Any = None) -> Candidate:
+def from_store(reader: Any, teacher: Any, name: str, path: str = "store", device: Any = None,
+               spec: Any = None) -> Candidate:
     """A candidate logit store (a StoreReader), checked against the teacher: same vocabulary, a shard for
     every teacher sequence. Its shards come in the teacher's order, so a GPU run streams both side by side."""
     where = f"--candidate {reader.root}"
@@ -258,8 +290,24 @@ def from_store(reader: Any, teacher: Any, name: str, path: str = "store", device
     if missing:
         raise FidevalError(f"{where}: no shard for {len(missing)} teacher sequences (first {missing[0]!r})",
                            hint="make the candidate store from the same windows")
+    reader.check_files(teacher.seq_ids)  # sizes and headers now; hashes as each shard is read
     order = list(teacher.seq_ids)
-    return Candidate(name=name, path=path, shards=store_shards(reader, order, device), order=order)
+    return Candidate(name=name, path=path, shards=store_shards(reader, order, device), order=order,
+                     info=store_identity(reader, spec), pending=order,
+                     extent=lambda sid: (reader.row_start(sid), int(reader.entry(sid)["rows"])),
+                     shard_sha256=lambda sid: reader.entry(sid)["sha256"], lossy=reader.meta.get("lossy") or None)
+
+
+def store_identity(reader: Any, spec: Any = None) -> dict[str, Any]:
+    """score.json's candidate_info for a candidate logit store: the store as given, its manifest's SHA-256 (the
+    hash that covers every shard's), and the model, revision and kind its manifest records."""
+    from fideval.fsio import sha256_file
+
+    man = Path(reader.root) / "manifest.json"
+    meta = reader.meta or {}
+    return {"source": "store", "store": str(spec if spec is not None else reader.root),
+            "manifest_sha256": sha256_file(man) if man.exists() else None, "model_id": meta.get("model_id"),
+            "model_revision": meta.get("model_revision"), "kind": meta.get("kind")}
 
 
 def teacher_shards(teacher: Any, seq_ids: Iterable[str]) -> Iterator[CandidateShard]:
@@ -273,7 +321,10 @@ def teacher_shards(teacher: Any, seq_ids: Iterable[str]) -> Iterator[CandidateSh
 
 def teacher_itself(teacher: Any, name: str = "self", path: str = "store") -> Candidate:
     """The teacher as its own candidate (``--self-check`` alone): every row must score exactly 0."""
-    return Candidate(name=name, path=path, shards=teacher_shards(teacher, teacher.seq_ids), is_teacher=True)
+    ids = list(teacher.seq_ids)
+    return Candidate(name=name, path=path, shards=teacher_shards(teacher, ids), is_teacher=True, pending=ids,
+                     extent=lambda sid: (teacher.row_start(sid), int(teacher.entry(sid)["rows"])),
+                     shard_sha256=lambda sid: teacher.entry(sid)["sha256"])
 
 
 def select(teacher: Any, spec: str | None, path: str, settings: Any, *, cfg: Any = None, name: str | None = None,
@@ -298,4 +349,4 @@ def select(teacher: Any, spec: str | None, path: str, settings: Any, *, cfg: Any
 
     dev, _ = pick(settings.device, settings.kernel)
     return from_store(StoreReader(resolve_store(spec)), teacher, name or Path(str(spec).rstrip("/")).name, path,
-                      device=dev if dev.type == "cuda" else None)
+                      device=dev if dev.type == "cuda" else None, spec=spec)

@@ -4,8 +4,9 @@ A :class:`~fideval.score.candidate.Candidate` yields shards (:class:`~fideval.sc
 a store's carry their token ids and first row), so the same loop scores a candidate store or a model run
 on the fly; :class:`ScoreSettings` says how (device, kernel, CPU check, non-finite rows). Per shard:
 checks (vocab, token ids, non-finite rows) before any scoring, the fast scorer (Triton on CUDA, else
-torch), the numpy float64 reference on sampled rows, one Parquet row group. Nothing is written unless
-every shard passed: a run that fails its CPU check leaves no records that look valid.
+torch), the numpy float64 reference on sampled rows, one Parquet row group. Each scored shard is kept at
+once in ``records.partial/`` (fideval.score.resume), so an interrupted run resumes where it stopped;
+records.parquet appears only when every shard passed, and a run that fails (CPU check, bad logits) keeps nothing.
 
 Host memory. On a GPU, a candidate store and the teacher are streamed side by side (``StoreReader.iter``,
 one page-locked buffer each, the next shard read while this one is scored), so a store-against-store run
@@ -16,6 +17,8 @@ float64 temporaries are capped at half a shard. A model run's teacher shards are
 
 from __future__ import annotations
 
+import os
+import sys
 import time
 from contextlib import nullcontext
 from dataclasses import dataclass
@@ -25,7 +28,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from fideval.errors import FidevalError
+from fideval.errors import FidevalError, Interrupted
 from fideval.formats.ids import window_of
 from fideval.formats.model import dump
 from fideval.formats.records import FILE as RECORDS_FILE
@@ -34,10 +37,12 @@ from fideval.fsio import sha256_file, write_json
 from fideval.model import accounting
 from fideval.model.profile import Timeline
 from fideval.progress import progress
-from fideval.score import reference, torch_kernel
+from fideval.score import reference, resume, torch_kernel
 from fideval.score.candidate import Candidate, CandidateShard, teacher_shards
+from fideval.score.lossy import RULE_ENCODE, llamacpp_roundtrip, lossy_rule
 from fideval.score.metrics import FIGURES, max_rel_diff
-from fideval.score.records import RecordsWriter
+from fideval.score.records import shard_table
+from fideval.score.resume import ShardCache
 from fideval.store.feed import TeacherFeed, mapped_tensor
 
 
@@ -114,6 +119,7 @@ class _Run:
         self.worst, self.worst_at = 0.0, ""
         self.max_kld, self.top1 = 0.0, 0
         self.lengths: set[int] = set()
+        self.transform = None  # an exact candidate's rows against a lossy teacher (fideval.score.lossy)
 
     def shard(self, item: CandidateShard) -> dict[str, Any] | None:
         """Score one candidate shard against its teacher shard; None when nothing is scorable."""
@@ -156,6 +162,8 @@ class _Run:
             ref_d = ref.to(self.dev).contiguous()
             cand_d = cand_rows.to(self.dev).contiguous()
         with self.tl.part("scoring"):
+            if self.transform is not None:  # the CPU check below scores the same transformed rows
+                cand_d = cand_rows = self.transform(cand_d)
             figs, flags, bad = score_tensors(ref_d, cand_d, torch.from_numpy(targets_np).to(self.dev), self.kernel)
         del ref_d, cand_d
         keep = ~bad
@@ -193,7 +201,7 @@ class _Run:
         if d > self.worst:
             self.worst, self.worst_at = d, f"{where} in shard {sid}"
         if d > self.tolerance:
-            raise FidevalError(f"CPU check failed: {where} differs from the float64 reference by {d:.3g} (> {self.tolerance:g}) "
+            raise KernelMismatch(f"CPU check failed: {where} differs from the float64 reference by {d:.3g} (> {self.tolerance:g}) "
                                f"in shard {sid}", hint=f"the {self.kernel} kernel is wrong on this device; rerun with --kernel torch")
 
 
@@ -208,11 +216,40 @@ def _parts_of(items: Any, tl: Timeline, part: str | None) -> Any:
         yield item
 
 
+class KernelMismatch(FidevalError):
+    """The fast kernel disagrees with the float64 reference: the run fails and keeps nothing it scored."""
+
+
+def _inputs(candidate: Candidate, kernel: str, dev: torch.device, settings: ScoreSettings) -> dict[str, Any]:
+    """What every shard's rows depend on besides the shard itself (fideval.score.resume's key)."""
+    from fideval.formats.records import VERSION as RECORDS_VERSION
+    from fideval.provenance import tool_block
+
+    tool = tool_block()
+    return {"candidate": candidate.name, "path": candidate.path, "info": candidate.info, "teacher_itself": candidate.is_teacher,
+            "kernel": kernel, "device": dev.type, "cpu_check_every": settings.cpu_check_every,
+            "cpu_check_tolerance": settings.cpu_check_tolerance, "on_nonfinite": settings.on_nonfinite,
+            "records_version": RECORDS_VERSION, "fideval": [tool["version"], tool["git_commit"]]}
+
+
+def _scored(run: _Run, item: CandidateShard) -> tuple[dict[str, Any] | None, dict[str, Any]]:
+    """Score one shard; its records and its own share of score.json's figures (fideval.score.resume.fold)."""
+    before = {k: getattr(run, k) for k in resume.STAT_KEYS}
+    seen = run.seen
+    run.worst, run.worst_at, run.max_kld = 0.0, "", 0.0
+    out = run.shard(item)
+    st = {k: int(getattr(run, k) - before[k]) for k in resume.STAT_KEYS}
+    st.update(positions=run.seen - seen, max_kld=run.max_kld, worst=run.worst, worst_at=run.worst_at,
+              length=out["length"] if out is not None else None)
+    return out, st
+
+
 def _teacher_block(teacher: Any, store: str | None) -> TeacherRef:
     man = Path(teacher.root) / "manifest.json"
     return TeacherRef(store=str(store if store is not None else teacher.root), model_id=teacher.meta.get("model_id"),
+                      lossy=teacher.meta.get("lossy") or None,
                       model_revision=teacher.meta.get("model_revision"),
-                      manifest_sha256=sha256_file(man) if man.exists() else None)
+                      manifest_sha256=sha256_file(man) if man.exists() else None, kind=teacher.meta.get("kind"))
 
 
 def self_check(teacher: Any, *, device: str = "auto", kernel: str = "auto") -> dict[str, Any]:
@@ -252,6 +289,7 @@ def score_candidate(teacher: Any, candidate: Candidate, out_dir: str | Path, set
     teacher's shards are streamed in that order (:class:`TeacherFeed`), else each is memory-mapped.
     """
     t0 = time.perf_counter()
+    teacher.check_files()  # sizes and headers of every shard before the first is scored; hashes as each is read
     dev, kernel = pick(settings.device, settings.kernel)
     tl = candidate.timeline if candidate.timeline is not None else Timeline(dev)
     tl.start()
@@ -260,26 +298,74 @@ def score_candidate(teacher: Any, candidate: Candidate, out_dir: str | Path, set
         with tl.part("self_check"):
             checked_self = self_check(teacher, device=str(dev), kernel=kernel)
     out_dir = Path(out_dir)
-    feed = TeacherFeed(teacher, list(candidate.order), dev) if candidate.order and dev.type == "cuda" else None
+    ids = list(teacher.seq_ids)
+    cache = ShardCache(out_dir, _inputs(candidate, kernel, dev, settings))
+    starts = resume.first_rows(teacher, ids, candidate.extent)
+    keys = {sid: cache.key(sid, teacher.entry(sid).get("sha256"),
+                           candidate.shard_sha256(sid) if candidate.shard_sha256 is not None else None, starts[sid])
+            for sid in ids}
+    stats: dict[str, dict[str, Any]] = {}
+    for sid in ids:
+        if (kept := cache.load(sid, keys[sid])) is not None:
+            stats[sid] = kept
+    if stats and os.environ.get("RANK", "0") == "0":
+        print(f"score {candidate.name}: {len(stats)} of {len(ids)} shards already scored from the same inputs "
+              f"({cache.dir}), scoring the other {len(ids) - len(stats)}", file=sys.stderr, flush=True)
+    candidate.skip.update(stats)  # the model runner reads it when it starts; store shards are filtered here
+    if candidate.pending is not None:
+        candidate.pending[:] = [sid for sid in candidate.pending if sid not in stats]
+    if os.environ.get("RANK", "0") != "0":
+        # under torchrun every rank runs the model (collectives) and yields the same logits; rank 0 alone scores
+        # and writes. The other ranks skip what rank 0 skips (the same kept shards, read before any is added).
+        if len(stats) < len(ids):
+            for _ in candidate.shards:
+                pass
+        return {}
+    order = candidate.order  # a store's: the same list as ``pending``, so without the shards already scored
+    feed = TeacherFeed(teacher, list(order), dev) if order and dev.type == "cuda" else None
     run = _Run(teacher, dev, kernel, settings, feed, tl)
+    rule = lossy_rule(teacher.meta, candidate.lossy) if not candidate.is_teacher else None
+    if rule == RULE_ENCODE:
+        run.transform = llamacpp_roundtrip
     if total_rows is None:
         total_rows = sum(max(int(teacher.entry(s)["rows"]) - 1, 0) for s in teacher.seq_ids)
     tokens, model_run = 0, candidate.flops_per_token is not None
     try:
-        with RecordsWriter(out_dir) as w, progress(f"score {candidate.name}", total=total_rows, unit="rows") as bar:
+        with progress(f"score {candidate.name}", total=total_rows, unit="rows") as bar:
+            bar.advance(sum(int(s["positions"]) for s in stats.values()))
             # a model run's runner marks its own parts; reading a store's shard is read-back
-            for item in _parts_of(candidate.shards, tl, None if model_run else "read_back"):
-                tokens += item.logits.shape[0] if model_run else 0
-                out = run.shard(item)
-                if out is None:
+            todo = len(ids) - len(stats)
+            for item in (_parts_of(candidate.shards, tl, None if model_run else "read_back") if todo else ()):
+                if item.seq_id in stats:  # never produced by the shards above; a guard, not the mechanism
                     continue
+                tokens += item.logits.shape[0] if model_run else 0
+                run.seen = starts[item.seq_id]
+                out, st = _scored(run, item)
                 with tl.part("records"):
-                    w.add_shard(candidate=candidate.name, path=candidate.path, **out)
-                bar.advance(len(out["positions"]))
+                    table = shard_table(candidate=candidate.name, path=candidate.path, **out) if out and st["rows"] else None
+                    cache.save(item.seq_id, keys[item.seq_id], table, st)
+                stats[item.seq_id] = st
+                bar.advance(st["positions"])
+            missing = [sid for sid in ids if sid not in stats]
+            if missing:
+                raise FidevalError(f"the candidate gave no logits for {len(missing)} teacher sequences (first {missing[0]!r})",
+                                   hint="score a candidate made from the same windows")
+            folded = resume.fold([stats[sid] for sid in ids])
+            run.rows, run.checked, run.nonfinite, run.top1 = (folded[k] for k in resume.STAT_KEYS)
+            run.max_kld, run.worst, run.worst_at, run.lengths = (folded[k] for k in ("max_kld", "worst", "worst_at", "lengths"))
             if candidate.is_teacher:
                 checked_self = _self_result(run, kernel)
-            tl.enter("records")  # leaving the with block writes the records file
-        tl.exit()
+            with tl.part("records"):
+                cache.assemble(out_dir, ids, {sid for sid in ids if int(stats[sid]["rows"]) > 0})
+    except FidevalError:
+        # a failed run keeps nothing (a wrong kernel, bad logits: its inputs must change before a rerun, and
+        # so would every key); an interrupted or killed one keeps what it scored
+        cache.clear()
+        raise
+    except KeyboardInterrupt:
+        kept = sum(cache.load(sid, keys[sid]) is not None for sid in ids)
+        raise Interrupted(f"score interrupted: {kept} of {len(ids)} shards are scored and kept in {cache.dir}",
+                          hint=f"run the same command again to resume: only the other {len(ids) - kept} are scored") from None
     finally:
         if feed is not None:
             feed.close()
@@ -298,7 +384,7 @@ def score_candidate(teacher: Any, candidate: Candidate, out_dir: str | Path, set
         tool = None
     summary = dump(ScoreSummary(
         candidate=candidate.name, path=candidate.path, length=next(iter(run.lengths)) if len(run.lengths) == 1 else None,
-        rows=run.rows, teacher=_teacher_block(teacher, teacher_spec),
+        rows=run.rows, teacher=_teacher_block(teacher, teacher_spec), lossy_rule=rule,
         cpu_check=CpuCheck(rows_checked=run.checked, max_rel_diff=run.worst, tolerance=settings.cpu_check_tolerance,
                            every=settings.cpu_check_every, worst=run.worst_at or None),
         self_check=SelfCheck(**checked_self) if checked_self is not None else None, nonfinite_rows=run.nonfinite,
@@ -306,4 +392,5 @@ def score_candidate(teacher: Any, candidate: Candidate, out_dir: str | Path, set
         kernel=kernel, figures=list(FIGURES), records=RECORDS_FILE, candidate_info=candidate.info, tool=tool,
         profile=RunProfile(**profile)))
     write_json(out_dir / "score.json", summary)
+    cache.clear()
     return summary

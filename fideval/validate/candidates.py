@@ -54,12 +54,33 @@ def _emulated(cand: Any, probe: Probe, found: Findings) -> None:
             resolved[cls] = resolve_spec({cls: m})[cls]
         except FidevalError as e:
             found.add(f"{base}.{cls}.{_rejected_part(m)}", e)
+    from fideval.config import resolve_path
+
+    lookup = None
+    if cand.imatrix is not None and probe.folder is not None and resolve_path(cand.imatrix).exists():  # else check_files names it
+        from fideval.score.candidate import imatrix_lookup
+
+        try:
+            lookup, _ = imatrix_lookup(cand, probe.folder)  # the file, read as the candidate stage reads it
+        except FidevalError as e:
+            found.add(f"candidates.{cand.name}.imatrix", e)
+            return
     if len(resolved) == len(quant):
         try:
-            compile_spec(quant)  # the whole spec, as the stage builds it
+            compile_spec(quant, imatrix=lookup)  # the whole spec, as the stage builds it
         except FidevalError as e:
             found.add(base, e)
             return
+    if lookup is not None:
+        cfg_ = probe.config or {}
+        n_exp = int(cfg_.get("n_routed_experts") or cfg_.get("num_experts") or cfg_.get("num_local_experts") or 0)
+        for name, (c, shape) in probe.tensors.items():
+            if c in resolved:
+                try:
+                    lookup.check(name, shape, n_exp)
+                except FidevalError as e:
+                    found.add(f"candidates.{cand.name}.imatrix", e)
+                    return
     if probe.classes is None:
         return
     for cls, spec in resolved.items():

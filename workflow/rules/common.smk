@@ -1,8 +1,6 @@
-# Helpers shared by the rules: config validation, names of every output, and per-rule settings.
+# Helpers shared by the rules: the config, names of every output, and per-rule settings.
 # No evaluation logic lives here; every rule's `shell:` calls one `fideval` verb.
-from snakemake.utils import validate
-
-validate(config, "../schemas/config.schema.json", set_default=False)
+import sys
 
 
 # Every rule runs the `fideval` CLI; with --software-deployment-method apptainer it runs inside this image,
@@ -10,14 +8,23 @@ validate(config, "../schemas/config.schema.json", set_default=False)
 container: "docker://ghcr.io/fideval/fideval:0.1.0"
 
 
-from fideval.config import load_config
+from fideval.errors import FidevalError
 from fideval.formats.ids import sequence_ids
+from fideval.run_config import resolve
 
 # The stages read the config file themselves; the workflow takes its names and sizes from the same typed
-# model (defaults included), so the two can never disagree. Use --configfile, not --config overrides.
-# --configfile X comes first in workflow.configfiles and the Snakefile's default last: the one the user gave wins.
-CONFIG_FILE = (list(workflow.overwrite_configfiles or []) or workflow.configfiles)[-1]
-CFG = load_config(CONFIG_FILE)
+# model (defaults included), so the two can never disagree. The file is the last --configfile (else
+# configs/demo.yaml); --config overrides are merged into results/<run>/config.yaml, which the stages read.
+# A config problem is one line (the JSON schema: `fideval schema`).
+try:
+    CONFIG_FILE, CFG = resolve(
+        workflow.config_settings.configfiles,
+        workflow.config_settings.config,
+        workflow.configfiles,
+        workflow.config_settings.config_args,
+    )
+except FidevalError as e:
+    sys.exit(f"fideval: error: {e.line()}")
 RUN = CFG.run
 W = CFG.windows.window_tokens
 C = CFG.windows.cut_tokens
@@ -136,5 +143,6 @@ def final_outputs():
         f"reports/{RUN}/report.json",
         f"reports/{RUN}/plots",
         f"reports/{RUN}/README.md",
+        f"reports/{RUN}/results.html",
         f"reports/{RUN}/check.txt",
     ]

@@ -45,6 +45,13 @@ rule card:
         report="reports/{run}/report.json",
     output:
         card="reports/{run}/README.md",
+        # the card's tables as a page of `snakemake --report`, beside the plots
+        results=report(
+            "reports/{run}/results.html",
+            category="Fidelity",
+            subcategory="Results",
+            caption="../report/results.rst",
+        ),
     log:
         "logs/{run}/card.log",
     benchmark:
@@ -57,7 +64,8 @@ rule card:
         # The card is the headline build's (the first candidate); the others appear in its comparisons.
         candidate=HEADLINE,
     shell:
-        "fideval card {input.report:q} --candidate {params.candidate:q} --out {output.card:q} > {log:q} 2>&1"
+        "fideval card {input.report:q} --candidate {params.candidate:q} --out {output.card:q}"
+        " --html {output.results:q} > {log:q} 2>&1"
 
 
 rule check:

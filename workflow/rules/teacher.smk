@@ -11,6 +11,7 @@ for _kind in ["windows", "cuts"]:
             config=local(CONFIG_FILE),
             tokens=f"results/{{run}}/windows/{_kind}-{W if _kind == 'windows' else C}/tokens.safetensors",
             meta="results/{run}/windows/eval-windows.json",  # its tokenizer fingerprint is checked against the model's
+            selftest="results/{run}/selftest.json",  # the runner agrees with transformers on this model
         output:
             manifest=f"results/{{run}}/teacher/{_kind}/{{domain}}/manifest.json",
             shards=shard_outputs(_kind),

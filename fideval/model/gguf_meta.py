@@ -1,0 +1,129 @@
+"""A GGUF's model metadata against the reference config: what llama.cpp will compute, before any run.
+
+llama.cpp builds the model from the GGUF's key/values, not from the reference's config.json. A converter
+that guessed wrong writes a build of *another model* whose weights still fit every shape check: the
+documented case is llama.cpp's converter falling back to softmax expert routing when a DeepSeek-V3 config
+lacks ``scoring_func`` (and llama.cpp itself reads a ``deepseek2`` GGUF without ``expert_gating_func`` as
+softmax), a build further from the reference than Q4_0 is. So every key that changes the computed
+function is compared with the reference config, with llama.cpp's default where the key is absent:
+routing (gating function, expert count, top-k, shared experts, group routing, top-k normalisation and
+scale, leading dense layers), norm epsilon, attention heads, and rope (base, scaling type, factor,
+original context). Key names come from gguf-py (``gguf.Keys``). A disagreement is one line naming both
+values; :class:`fideval.model.quantized.GGUFCheckpoint` runs this first, so ``fideval validate`` reports it.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from fideval.errors import FidevalError
+
+# reference scoring function by model type when config.json does not say (transformers' modelling code)
+_DEFAULT_SCORING = {"deepseek_v3": "sigmoid", "deepseek_v2": "softmax", "glm4_moe": "sigmoid"}
+# llama.cpp's value when a GGUF lacks the gating key (llama-model.cpp: DeepSeek V2/V2.5 compatibility)
+_GGUF_DEFAULT_GATING = {"deepseek2": "softmax"}
+_GATING = {1: "softmax", 2: "sigmoid", 3: "softmax_weight"}
+
+
+def gguf_value(reader, key: str) -> Any:
+    """The scalar (int, float, bool, str) of a GGUF key, or None when absent."""
+    f = reader.fields.get(key)
+    if f is None or not f.data:
+        return None
+    part = f.parts[f.data[0]]
+    if part.dtype == np.uint8 and len(f.types) == 1 and f.types[0].name == "STRING":
+        return bytes(part).decode("utf-8", "replace")
+    v = part[0].item() if len(part) else None
+    return v
+
+
+def _cfg(config: dict, *keys: str) -> Any:
+    for k in keys:
+        if config.get(k) is not None:
+            return config[k]
+    return None
+
+
+def _rope(config: dict) -> dict:
+    """rope_theta, type ('none' for default), factor and original context from either config layout."""
+    rp = config.get("rope_parameters") or {}
+    rs = config.get("rope_scaling") or {}
+    theta = _cfg(config, "rope_theta") if config.get("rope_theta") is not None else rp.get("rope_theta")
+    kind = rs.get("rope_type") or rs.get("type") or rp.get("rope_type") or "default"
+    src = rs if rs else rp
+    return {"theta": theta, "type": "none" if kind == "default" else kind, "factor": src.get("factor"),
+            "orig": src.get("original_max_position_embeddings")}
+
+
+def _same(a: Any, b: Any) -> bool:
+    if isinstance(a, float) or isinstance(b, float):
+        return bool(np.float32(a) == np.float32(b))  # GGUF stores float32
+    return a == b
+
+
+def check_gguf_metadata(reader, arch: str, config: dict, where: str | Path) -> None:
+    """One-line error for the first GGUF key whose value (or llama.cpp's default) contradicts the reference."""
+    from gguf import Keys
+
+    def key(template: str) -> str:
+        return template.format(arch=arch)
+
+    def disagree(k: str, gv: Any, absent: bool, ck: str, rv: Any, hint: str | None = None) -> None:
+        gv, rv = (str(np.float32(v)) if isinstance(v, float) else v for v in (gv, rv))
+        shown = f"{gv} (absent: llama.cpp's default)" if absent else f"{gv}"
+        raise FidevalError(f"{where}: GGUF {k} = {shown} but the reference config's {ck} = {rv}: the build computes "
+                           f"another model", hint=hint or "reconvert the GGUF from the reference model")
+
+    def compare(template: str, config_keys: tuple[str, ...], default: Any = None, hint: str | None = None) -> None:
+        k = key(template)
+        gv = gguf_value(reader, k)
+        absent = gv is None
+        if absent:
+            gv = default
+        ck = next((c for c in config_keys if config.get(c) is not None), None)
+        if gv is None or ck is None:
+            return
+        rv = config[ck]
+        if isinstance(rv, bool) or isinstance(gv, bool):
+            gv, rv = bool(gv), bool(rv)
+        if not _same(gv, rv):
+            disagree(k, gv, absent, ck, rv, hint)
+
+    experts = _cfg(config, "n_routed_experts", "num_experts", "num_local_experts")
+    if experts:
+        k = key(Keys.LLM.EXPERT_GATING_FUNC)
+        raw = gguf_value(reader, k)
+        gating = _GATING.get(raw, str(raw)) if raw is not None else _GGUF_DEFAULT_GATING.get(arch)
+        ref = config.get("scoring_func") or _DEFAULT_SCORING.get(str(config.get("model_type")))
+        if gating is not None and ref is not None and gating != ref:
+            disagree(k, gating, raw is None, "scoring_func",
+                     ref if config.get("scoring_func") else f"{ref} ({config.get('model_type')}'s default)",
+                     "reconvert with the reference's scoring_func in config.json (llama.cpp's converter falls back "
+                     "to softmax when it is missing)")
+        compare(Keys.LLM.EXPERT_COUNT, ("n_routed_experts", "num_experts", "num_local_experts"))
+        compare(Keys.LLM.EXPERT_USED_COUNT, ("num_experts_per_tok",))
+        compare(Keys.LLM.EXPERT_SHARED_COUNT, ("n_shared_experts",))
+        compare(Keys.LLM.EXPERT_GROUP_COUNT, ("n_group",))
+        compare(Keys.LLM.EXPERT_GROUP_USED_COUNT, ("topk_group",))
+        compare(Keys.LLM.EXPERT_WEIGHTS_NORM, ("norm_topk_prob",))
+        compare(Keys.LLM.EXPERT_WEIGHTS_SCALE, ("routed_scaling_factor",))
+        compare(Keys.LLM.LEADING_DENSE_BLOCK_COUNT, ("first_k_dense_replace",))
+    compare(Keys.Attention.LAYERNORM_RMS_EPS, ("rms_norm_eps",))
+    compare(Keys.Attention.HEAD_COUNT, ("num_attention_heads",))
+    rope = _rope(config)
+    k = key(Keys.Rope.FREQ_BASE)
+    gv = gguf_value(reader, k)
+    if rope["theta"] is not None and not _same(gv if gv is not None else 10000.0, float(rope["theta"])):
+        disagree(k, gv if gv is not None else 10000.0, gv is None, "rope_theta", rope["theta"])
+    k = key(Keys.Rope.SCALING_TYPE)
+    gtype = gguf_value(reader, k)
+    if (gtype or "none") != rope["type"]:
+        disagree(k, gtype or "none", gtype is None, "rope type", rope["type"])
+    if rope["type"] != "none":
+        for template, name in ((Keys.Rope.SCALING_FACTOR, "factor"), (Keys.Rope.SCALING_ORIG_CTX_LEN, "orig")):
+            gv, rv = gguf_value(reader, key(template)), rope[name]
+            if gv is not None and rv is not None and not _same(gv, float(rv) if name == "factor" else int(rv)):
+                disagree(key(template), gv, False, f"rope {'factor' if name == 'factor' else 'original_max_position_embeddings'}", rv)
