@@ -169,7 +169,7 @@ def test_every_interval_says_how_it_was_made(report):
     blocks = list(_interval_blocks(rep["results"]) ) + list(_interval_blocks(rep["comparisons"]))
     assert len(blocks) > 100
     for where, b in blocks:
-        missing = {"method", "unit", "confidence"} - set(b)
+        missing = {"method", "unit", "confidence", "resamples", "seed", "strata", "clusters"} - set(b)
         assert not missing, (where, missing)
         if b["unit"] == "window" and b["method"] not in ("wilson-design-effect",):
             assert all(b.get(k) is not None for k in ("resamples", "seed", "strata", "clusters")), where

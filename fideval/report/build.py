@@ -237,7 +237,7 @@ def build(
             qs=list(rc.quantiles),
             strata=strata,
         )
-    sources = {w: v.get("sources") for w, v in windows["windows"].items()} if windows is not None else None
+    sources = windows.get("document_sources") if windows is not None else None
     for rs in sets:
         figs[rs.key].result["views"] = views(rs, figs[rs.key].codes, clusters.size, counts, strata,
                                              confidence=rc.confidence, seed=rc.seed, window_sources=sources,

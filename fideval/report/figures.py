@@ -171,6 +171,10 @@ class SetFigures:
                     "method": "wilson",
                     "unit": "token",
                     "confidence": self.confidence,
+                    "resamples": None,
+                    "seed": None,
+                    "strata": None,
+                    "clusters": None,
                 }
             conf.append(entry)
 

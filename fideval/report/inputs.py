@@ -221,9 +221,8 @@ def load_windows(folder: str | Path) -> dict[str, Any]:
     path = folder / WINDOWS_FILE if folder.is_dir() else folder
     raw = read_json(path, WINDOWS_FILE)
     lst = listing(raw, str(path))
-    docs = _document_sources(raw)
-    windows = {w.id: {"domain": w.domain or w.id.rsplit("-", 1)[0], "token_sha256": w.sha256,
-                      "sources": docs.get(w.id)} for w in lst.windows}
+    windows = {w.id: {"domain": w.domain or w.id.rsplit("-", 1)[0], "token_sha256": w.sha256}
+               for w in lst.windows}
     sources = {name: d.get("source") for name, d in (lst.domains or {}).items() if isinstance(d, dict)}
     return {
         "file": str(path),
@@ -233,6 +232,7 @@ def load_windows(folder: str | Path) -> dict[str, Any]:
         "windows": windows,
         "sources": sources,
         "provenance": lst.provenance,
+        "document_sources": _document_sources(raw),  # window id -> its documents' sources (the stage's own file; else empty)
     }
 
 

@@ -42,7 +42,7 @@ BESIDE = {
 
 
 def _bca_block(b: dict[str, Any], strata: int, seed: int, confidence: float) -> dict[str, Any]:
-    return {"ci": b["ci"], "method": b["method"], "unit": "window", "z0": b["z0"],
+    return {"estimate": b["estimate"], "ci": b["ci"], "method": b["method"], "unit": "window", "z0": b["z0"],
             "acceleration": b["acceleration"], "se": b["se"], "flags": b["flags"], "confidence": confidence,
             "resamples": b["resamples"], "seed": seed, "strata": strata, "clusters": b["clusters"]}
 

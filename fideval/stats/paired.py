@@ -78,7 +78,7 @@ def paired_interval(
             "strata": n_strata, "clusters": int(present.sum()), "null": null}
     bca_fn = cluster_bca_difference if kind == "difference" else cluster_bca_ratio
     bca = bca_fn(s1, n1, s2, n2, counts, confidence)
-    bca_block = {k: bca[k] for k in ("ci", "method", "z0", "acceleration", "se", "flags")} | meta
+    bca_block = {k: bca[k] for k in ("estimate", "ci", "method", "z0", "acceleration", "se", "flags")} | meta
     bca_block["excludes"] = None if bca["ci"] is None else not (bca["ci"][0] <= null <= bca["ci"][1])
     flags: list[str] = []
     with np.errstate(invalid="ignore", divide="ignore"):
