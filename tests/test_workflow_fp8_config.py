@@ -90,6 +90,6 @@ def test_shipped_deepseek_v3_config_runs_end_to_end_on_a_tiny_fp8_release(tmp_pa
     for overall in results.values():
         kld = overall["mean_kld"]
         assert math.isfinite(kld["estimate"]) and 0 < kld["estimate"] < 5
-        assert kld["ci"][0] <= kld["estimate"] <= kld["ci"][1]
-        top1 = overall["top1"]["cluster_bca"]["estimate"]
-        assert 0.5 < top1 <= 1
+        lo, hi = kld["ci"]  # 3 windows: the default interval may be honestly unbounded above (flagged)
+        assert lo <= kld["estimate"] and (kld["estimate"] <= hi if hi is not None else "unbounded" in kld["flags"])
+        assert 0.5 < overall["top1"]["estimate"] <= 1

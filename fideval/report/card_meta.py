@@ -137,8 +137,14 @@ def _dataset(report: dict[str, Any]) -> dict[str, Any]:
             "fidelity_dataset": f"{ds['name']} (local, not published)"}
 
 
+def _bound(x: float | None) -> float | None:
+    return None if x is None else float(x)
+
+
 def _interval(fig: dict[str, Any]) -> dict[str, Any]:
-    return {"ci_low": float(fig["ci"][0]), "ci_high": float(fig["ci"][1]), "confidence": float(fig["confidence"]),
+    """The interval's bounds as the report gives them: null where it is unbounded (a flagged bootstrap-t interval
+    on too few windows), never a number it does not have."""
+    return {"ci_low": _bound(fig["ci"][0]), "ci_high": _bound(fig["ci"][1]), "confidence": float(fig["confidence"]),
             "interval": fig["method"]}
 
 

@@ -41,20 +41,25 @@ def not_run_failures(report: dict[str, Any], allowed: list[str]) -> list[str]:
     ]
 
 
+def _b(x: float | None) -> str:
+    return "unbounded" if x is None else f"{x:.6g}"
+
+
 def bound_failures(report: dict[str, Any], bounds: Bounds) -> list[str]:
     """One line per results set whose interval bound crosses a bound gate."""
     lines = []
     for r in report["results"]:
         who = f"{r['candidate']}/{r['path']}/{r['length']}"
         m = r["overall"]["mean_kld"]
-        if bounds.max_mean_kld_upper is not None and m["ci"][1] > bounds.max_mean_kld_upper:
+        # an unbounded side (null: too few windows for the interval) cannot pass a gate on that bound
+        if bounds.max_mean_kld_upper is not None and (m["ci"][1] is None or m["ci"][1] > bounds.max_mean_kld_upper):
             lines.append(f"gate mean_kld_upper_max failed: {who} mean KLD {100 * m['confidence']:g} % upper bound "
-                         f"{m['ci'][1]:.6g} > {bounds.max_mean_kld_upper:g} (estimate {m['estimate']:.6g})")
+                         f"{_b(m['ci'][1])} > {bounds.max_mean_kld_upper:g} (estimate {m['estimate']:.6g})")
         t = r["overall"]["top1"]
         w = t if "ci" in t else t["wilson"]  # the interval the card prints: the report's default, else Wilson
-        if bounds.min_top1_lower is not None and w["ci"][0] < bounds.min_top1_lower:
+        if bounds.min_top1_lower is not None and (w["ci"][0] is None or w["ci"][0] < bounds.min_top1_lower):
             lines.append(f"gate top1_lower_min failed: {who} top-1 agreement {100 * w['confidence']:g} % lower bound "
-                         f"{w['ci'][0]:.6g} < {bounds.min_top1_lower:g} (estimate {r['overall']['top1']['estimate']:.6g})")
+                         f"{_b(w['ci'][0])} < {bounds.min_top1_lower:g} (estimate {r['overall']['top1']['estimate']:.6g})")
     return lines
 
 
