@@ -2,7 +2,7 @@
 
 The report's default interval for every mean (KLD, reverse KLD, delta NLL, top-k agreement), chosen from
 the coverage table of ``bench/coverage.py`` (docs/formats-report.md, "Measured coverage"): on heavy-tailed,
-clustered data the cluster BCa of ``bootstrap.py`` covers 89-92 % at its stated 95 % with 64-128 windows;
+clustered data the cluster BCa of ``bootstrap.py`` covers 89-93 % at its stated 95 % with 64-128 windows;
 the symmetric bootstrap-t below, at a level expanded for few windows, covers >= 93 % on every mean and
 top-1 shape measured with >= 64 windows.
 
