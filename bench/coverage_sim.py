@@ -61,6 +61,7 @@ PAIRED_METHODS = (
     "difference: cluster-bca",
     "ratio: cluster-bootstrap-t-log-symmetric-expanded",
     "difference: cluster-bootstrap-t-symmetric-expanded",
+    "difference: mover-cluster-bootstrap-t-log-symmetric-expanded",  # the default of a difference
 )
 TOP1_METHODS = (
     "wilson",  # iid Wilson, n = rows
@@ -237,6 +238,10 @@ def replicate(shape: Shape, g: int, reps: int, resamples: int, seed: int, confid
                 tally.add(f"{kind}: cluster-bca", r["cluster_bca"]["ci"], tp)
                 r = paired_interval(kind, s1, n, s, n, counts, dom, confidence=confidence, symmetric=True, expand=True)
                 tally.add(f"{kind}: {name}-symmetric-expanded", r["ci"], tp)
+                if kind == "difference":
+                    r = paired_interval(kind, s1, n, s, n, counts, dom, confidence=confidence, symmetric=True,
+                                        expand=True, mover=True)
+                    tally.add("difference: mover-cluster-bootstrap-t-log-symmetric-expanded", r["ci"], tp)
         elif shape.kind == "mean":
             x = out[3]
             tally.add("cluster-bca", _bca(s, n, counts, confidence), t)

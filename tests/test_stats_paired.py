@@ -113,3 +113,44 @@ def test_undefined_ratio():
     n = np.full(10, 100.0)
     r = paired_interval("ratio", np.ones(10), n, np.zeros(10), n, resample_counts(10, 300, 0))
     assert r["estimate"] is None and r["ci"] is None and r["excludes"] is None
+
+
+def test_mover_difference_equals_one_built_from_scipy_on_the_same_indices():
+    """The default of a difference: MOVER from each mean's symmetric, expanded log bootstrap-t interval and
+    the correlation of the resampled means, each piece from scipy.stats.bootstrap drawing the same windows."""
+    s1, n1, s2, n2 = _builds(seed=6)
+    g, b, seed = len(s1), 2000, 23
+    level = 1 - 2 * stats.norm.cdf(np.sqrt(g / (g - 1)) * stats.t.ppf(0.025, g - 1))
+
+    def window_se(s, n):
+        t = s.sum() / n.sum()
+        return np.sqrt(_var(s - t * n, np.zeros(len(s)))) / n.sum()
+
+    def boot(stat):
+        return stats.bootstrap((s1, n1, s2, n2), stat, paired=True, vectorized=False, method="percentile",
+                               n_resamples=b, rng=np.random.default_rng(seed)).bootstrap_distribution
+
+    ends = []
+    for s, n, k in ((s1, n1, 0), (s2, n2, 1)):
+        m, se = s.sum() / n.sum(), window_se(s, n)
+
+        def t_stat(a, c, d, e, m=m, k=k):
+            sw, nw = (a, c) if k == 0 else (d, e)
+            mb = sw.sum() / nw.sum()
+            return (np.log(mb) - np.log(m)) / (window_se(sw, nw) / mb)
+
+        q = np.quantile(np.abs(boot(t_stat)), level)
+        ends.append((m, m * np.exp(-q * se / m), m * np.exp(q * se / m)))
+    rho = np.corrcoef(boot(lambda a, c, d, e: a.sum() / c.sum()), boot(lambda a, c, d, e: d.sum() / e.sum()))[0, 1]
+    (m1, l1, u1), (m2, l2, u2) = ends
+    d = m1 - m2
+    want = [d - np.sqrt((m1 - l1) ** 2 + (u2 - m2) ** 2 - 2 * rho * (m1 - l1) * (u2 - m2)),
+            d + np.sqrt((u1 - m1) ** 2 + (m2 - l2) ** 2 - 2 * rho * (u1 - m1) * (m2 - l2))]
+    ours = paired_interval("difference", s1, n1, s2, n2, resample_counts(g, b, seed), seed=seed, symmetric=True,
+                           expand=True, mover=True)
+    np.testing.assert_allclose(ours["ci"], want, rtol=1e-9)
+    assert ours["method"] == "mover-cluster-bootstrap-t-log-symmetric-expanded" and ours["excludes"] is True
+    assert ours["rho"] == pytest.approx(rho, rel=1e-9) and ours["estimate"] == pytest.approx(d, rel=1e-12)
+    # identical builds: no spread in the difference, nothing to combine
+    same = paired_interval("difference", s2, n2, s2, n2, resample_counts(g, 500, 0), mover=True)
+    assert same["method"] == "degenerate" and same["excludes"] is False

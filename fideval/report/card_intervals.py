@@ -39,11 +39,13 @@ def _pct(est: float, block: dict[str, Any] | None) -> str:
 
 def label(method: str) -> str:
     """A method's short name in the card: every cluster bootstrap-t variant is 'bootstrap-t'."""
+    if method.startswith("mover-cluster-bootstrap-t"):
+        return "MOVER bootstrap-t"
     return "bootstrap-t" if method.startswith("cluster-bootstrap-t") else LABELS.get(method, method)
 
 
 def _label(methods: list[str], fallback: str) -> str:
-    named = sorted({label(m) for m in methods if m.startswith("cluster-bootstrap-t") or m in LABELS})
+    named = sorted({label(m) for m in methods if "cluster-bootstrap-t" in m or m in LABELS})
     return " / ".join(named) if named else fallback
 
 

@@ -30,7 +30,7 @@ def comparisons(
 
     def pair(kind: str, fa: SetFigures, fb: SetFigures) -> dict[str, Any]:
         return paired_interval(kind, fa.s_kld, fa.n_all, fb.s_kld, fb.n_all, counts, strata,
-                               confidence=conf, seed=seed, **VARIANT)
+                               confidence=conf, seed=seed, mover=kind == "difference", **VARIANT)
 
     keys = sorted(figs)
     for a in keys:

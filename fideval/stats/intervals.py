@@ -29,7 +29,8 @@ SCALES = {"kld": "log", "rkld": "log", "delta_nll": "identity", "top1": "logit",
 VARIANT = {"symmetric": True, "expand": True}
 DEFAULTS = {
     "non-negative mean (KLD, reverse KLD)": method_name("log", **VARIANT),
-    "signed mean (delta NLL), difference of two means": method_name("identity", **VARIANT),
+    "signed mean (delta NLL)": method_name("identity", **VARIANT),
+    "difference of two means": "mover-" + method_name("log", **VARIANT),
     "proportion (top-k agreement)": method_name("logit", **VARIANT),
     "ratio of two means": method_name("log", **VARIANT),
 }
@@ -103,6 +104,9 @@ def _describe(scale: str) -> str:
 
 METHODS = {
     **{method_name(sc, **VARIANT): _describe(sc) for sc in ("identity", "log", "logit")},
+    "mover-" + method_name("log", **VARIANT): "MOVER (Zou & Donner 2008) for a difference m1 - m2: "
+    "d -+ sqrt((m1 - l1)^2 + (u2 - m2)^2 - 2 rho ...) from each mean's own "
+    + method_name("log", **VARIANT) + " interval and the correlation rho of the resampled means",
     "degenerate": "no spread to resample (fewer than two windows, zero variance, or the estimate on the "
                   "scale's boundary): the interval is the estimate",
 }

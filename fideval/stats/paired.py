@@ -2,9 +2,12 @@
 
 Both figures (two builds, or two paths of one build) are resampled with the same windows — one count
 matrix — so the difficulty the windows share cancels, and the interval is far narrower than either mean's.
-The default interval is the cluster bootstrap-t (``studentized.py``) of the paired statistic: the
-difference theta1 - theta2 on its own scale, the ratio theta1 / theta2 on the log scale. Its standard error
-is linearised with per-window influence values (stratified by domain as in ``studentized.py``):
+The default interval of a ratio theta1 / theta2 is the cluster bootstrap-t (``studentized.py``) of its log;
+a difference's default is MOVER (Zou & Donner 2008) from each mean's own log-scale bootstrap-t interval and
+their correlation on the shared resamples (``mover=True``): the bootstrap-t of the difference itself misses
+95 % on heavy-tailed windows (0.92 in bench/coverage.py), where MOVER, which carries each mean's skewness,
+holds it. The bootstrap-t's standard error is linearised with per-window influence values (stratified by
+domain as in ``studentized.py``):
 
     difference:  u_w = (S1_w - theta1 N1_w) / N1 - (S2_w - theta2 N2_w) / N2
     log ratio:   u_w = (S1_w - theta1 N1_w) / S1 - (S2_w - theta2 N2_w) / S2        (S = sum S_w)
@@ -24,7 +27,14 @@ from typing import Any
 import numpy as np
 
 from fideval.stats.bootstrap import MIN_CLUSTERS, cluster_bca_difference, cluster_bca_ratio
-from fideval.stats.studentized import _strata, bounded, expanded_confidence, method_name, t_interval
+from fideval.stats.studentized import (
+    _strata,
+    bounded,
+    cluster_t_means,
+    expanded_confidence,
+    method_name,
+    t_interval,
+)
 
 KINDS = {"difference": ("identity", 0.0), "ratio": ("log", 1.0)}
 
@@ -66,8 +76,12 @@ def paired_interval(
     seed: int | None = None,
     symmetric: bool = False,
     expand: bool = False,
+    mover: bool = False,
 ) -> dict[str, Any]:
-    """PAIRED block: ``{estimate, ci, method, scale, se, flags, null, excludes, ..., cluster_bca: {...}}``."""
+    """PAIRED block: ``{estimate, ci, method, scale, se, flags, null, excludes, ..., cluster_bca: {...}}``.
+
+    ``mover`` (a difference only): the interval is MOVER's (module docstring) from the two means' own
+    log-scale bootstrap-t intervals; the bootstrap-t of the difference where those are not both bounded."""
     scale, null = KINDS[kind]
     s1, n1, s2, n2 = (np.asarray(a, dtype=np.float64).reshape(-1) for a in (s1, n1, s2, n2))
     g = s1.size
@@ -111,6 +125,40 @@ def paired_interval(
     level = expanded_confidence(confidence, int(present.sum()), n_strata) if expand else confidence
     lo, hi, used = t_interval(float(est), se_fig, t, scale, level, symmetric)
     ci = bounded(lo, hi, level, used, symmetric, flags)
+    method = method_name(scale, symmetric, expand)
+    if kind == "difference" and mover:
+        got = _mover(s1, n1, s2, n2, st1, st2, counts, strata, confidence, symmetric, expand)
+        if got is None:
+            flags.append("mover_unavailable")
+        else:
+            ci, method, out["rho"] = got[0], got[1], got[2]
+            out["scale"] = "log"
     excludes = (ci[0] is not None and ci[0] > null) or (ci[1] is not None and ci[1] < null)
-    return out | {"ci": ci, "method": method_name(scale, symmetric, expand), "se": se_fig, "flags": flags,
+    return out | {"ci": ci, "method": method, "se": se_fig, "flags": flags,
                   "excludes": bool(excludes), "cluster_bca": bca_block}
+
+
+def _mover(s1, n1, s2, n2, st1, st2, counts, strata, confidence, symmetric, expand):
+    """MOVER (Zou & Donner 2008) for m1 - m2 from each mean's interval [l_k, u_k] and their correlation rho:
+
+        L = d - sqrt((m1 - l1)^2 + (u2 - m2)^2 - 2 rho (m1 - l1)(u2 - m2)),
+        U = d + sqrt((u1 - m1)^2 + (m2 - l2)^2 - 2 rho (u1 - m1)(m2 - l2)),
+
+    each interval the log-scale cluster bootstrap-t of that mean on the shared resamples, rho the
+    correlation of the two resampled means. Returns (ci, method, rho), or None when an interval is not
+    bounded (a degenerate or unbounded mean)."""
+    a, b = cluster_t_means(np.stack([s1, s2], 1), np.stack([n1, n2], 1), counts, strata, "log", confidence,
+                           symmetric=symmetric, expand=expand)
+    if a is None or b is None or a["method"] == "degenerate" or b["method"] == "degenerate":
+        return None
+    if None in a["ci"] or None in b["ci"]:
+        return None
+    ok = np.isfinite(st1) & np.isfinite(st2)
+    if ok.sum() < 2 or np.std(st1[ok]) == 0 or np.std(st2[ok]) == 0:
+        return None
+    rho = float(np.corrcoef(st1[ok], st2[ok])[0, 1])
+    (m1, (l1, u1)), (m2, (l2, u2)) = (a["estimate"], a["ci"]), (b["estimate"], b["ci"])
+    d = m1 - m2
+    lo = d - np.sqrt(max((m1 - l1) ** 2 + (u2 - m2) ** 2 - 2 * rho * (m1 - l1) * (u2 - m2), 0.0))
+    hi = d + np.sqrt(max((u1 - m1) ** 2 + (m2 - l2) ** 2 - 2 * rho * (u1 - m1) * (m2 - l2), 0.0))
+    return [float(lo), float(hi)], "mover-" + method_name("log", symmetric, expand), rho
