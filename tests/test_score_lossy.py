@@ -7,7 +7,7 @@ from __future__ import annotations
 import json
 
 import numpy as np
-import pandas as pd
+import polars as pl
 import torch
 from test_store_llamacpp import _write_kld_base
 
@@ -49,7 +49,7 @@ def test_exact_candidate_against_lossy_teacher_scores_zero(tmp_path):
     s = score_candidate(teacher, cand, tmp_path / "rec")
     assert s["lossy_rule"] == RULE_ENCODE and "16 nats" in s["teacher"]["lossy"]
     assert json.loads((tmp_path / "rec" / "score.json").read_text())["lossy_rule"] == RULE_ENCODE
-    rec = pd.read_parquet(tmp_path / "rec" / "records.parquet")
+    rec = pl.read_parquet(tmp_path / "rec" / "records.parquet")
     assert len(rec) == N_CHUNK * (N_CTX - 1 - N_CTX // 2)
     assert (rec["kld"] == 0).all()
     # the biased mix it replaces: the same rows scored raw give a positive mean KLD
@@ -71,7 +71,7 @@ def test_lossy_candidate_is_scored_as_stored(tmp_path):
     cand = from_store(StoreReader(tmp_path / "cand-lossy"), teacher, "lossy", "store")
     s = score_candidate(teacher, cand, tmp_path / "rec")
     assert s["lossy_rule"] == RULE_BOTH
-    assert (pd.read_parquet(tmp_path / "rec" / "records.parquet")["kld"] == 0).all()
+    assert (pl.read_parquet(tmp_path / "rec" / "records.parquet")["kld"] == 0).all()
 
 
 def test_exact_teacher_has_no_rule(tmp_path):
