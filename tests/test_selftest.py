@@ -110,3 +110,9 @@ def test_a_model_larger_than_the_memory_is_not_run_with_if_possible(monkeypatch,
     monkeypatch.setattr(os, "sysconf", lambda k: 1 if k == "SC_AVPHYS_PAGES" else real(k))
     r = run_fideval("selftest", "--model", DEMO, "--device", "cpu", "--if-possible", "--json")
     assert r.code == 0 and "selftest not run: " in r.stdout and "GiB are available" in r.stdout
+
+
+def test_model_given_as_demo_url_resolves_like_a_config_path():
+    r = run_fideval("selftest", "--model", "demo://model", "--device", "cpu", "--sequences", "2", "--length", "16")
+    assert r.code == 0, r.stderr
+    assert r.stdout.rstrip().endswith("selftest passed")

@@ -9,7 +9,8 @@ from fideval.commands import options
 
 
 def selftest(
-    model: Annotated[Path | None, typer.Option("--model", help="Hugging Face checkpoint folder (config.json + safetensors)")] = None,
+    model: Annotated[str | None, typer.Option(
+        "--model", help="Hugging Face checkpoint folder (config.json + safetensors), demo://model or hf://ORG/NAME")] = None,
     config: Annotated[Path | None, options.config("take the model, device and dtype from this config's teacher")] = None,
     device: options.Device = None,
     dtype: Annotated[str | None, typer.Option(
@@ -43,6 +44,10 @@ def selftest(
         model = locate(cfg.model.path, cfg.model.revision).folder
         device = device or cfg.teacher.device
         dtype = dtype or cfg.teacher.dtype
+    elif "://" in model:  # demo://model, hf://ORG/NAME: as a config's model.path resolves
+        from fideval.model_source import locate
+
+        model = locate(model).folder
     from fideval.fsio import write_json
 
     try:
