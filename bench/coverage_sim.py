@@ -22,11 +22,13 @@ from dataclasses import dataclass, field
 
 import numpy as np
 from scipy import stats
+from scipy.optimize import brentq
 from scipy.special import expit, ndtri
 
 from fideval.stats.bootstrap import bca_interval, ratio_means
 from fideval.stats.clusters import Clusters, resample_counts
 from fideval.stats.paired import paired_interval
+from fideval.stats.quantiles import bootstrap_quantiles
 from fideval.stats.studentized import (
     _dg,
     _g,
@@ -74,12 +76,19 @@ TOP1_METHODS = (
     "cluster-bootstrap-t-logit-symmetric",
     "cluster-bootstrap-t-logit-symmetric-expanded",
 )
+QUANTILES = (0.5, 0.9, 0.99, 0.999)  # the report's default KLD quantiles
+_QNAME = {0.5: "median", 0.9: "p90", 0.99: "p99", 0.999: "p99.9"}
+QUANTILE_METHODS = tuple(f"{_QNAME[q]}: cluster-percentile" for q in QUANTILES) + tuple(
+    f"{_QNAME[q]}: cluster-percentile-expanded" for q in QUANTILES) + (  # at the expanded level, as for means
+    "median: iid-order-statistic",  # binomial ranks of the pooled rows: tokens as independent
+    "p99: iid-order-statistic",
+)
 
 
 @dataclass(frozen=True)
 class Shape:
     name: str
-    kind: str  # "mean", "top1" or "paired" (two builds on the same windows)
+    kind: str  # "mean", "top1", "paired" (two builds on the same windows) or "quantile" (of the pooled rows)
     sigma_b: float  # between-window spread (log scale for means, logit scale for proportions)
     token: str = "lognormal"  # mean: "gamma" or "lognormal"
     token_param: float = 1.5  # gamma shape k, or lognormal sigma
@@ -101,12 +110,22 @@ SHAPES = {
         Shape("heavy-high", "mean", 1.0, "lognormal", 2.0, note="LogNormal(s=2) rows, sigma_b 1.0"),
         Shape("heavy-unequal", "mean", 0.6, "lognormal", 2.0, (1, 1, 2, 3, 4, 5), (0.3, 0.5, 1, 1, 2, 4),
               note="LogNormal(s=2) rows, sigma_b 0.6, domains of 1:1:2:3:4:5 windows, means 0.3-4x"),
+        Shape("domain-heavy-high", "mean", 1.0, "lognormal", 2.0, (1,), (1,),
+              note="one domain (a per-domain figure's few windows): LogNormal(s=2) rows, sigma_b 1.0"),
+        Shape("domain-light-high", "mean", 1.0, "gamma", 2.0, (1,), (1,),
+              note="one domain: Gamma(2) rows, sigma_b 1.0"),
         Shape("paired-heavy", "paired", 1.0, "lognormal", 2.0, effect=1.3, effect_sigma=0.3,
               note="two builds on LogNormal(s=2) rows, sigma_b 1.0; build 1 = 1.3x build 2, per-window effect "
                    "spread 0.3, per-row 0.5"),
         Shape("paired-close", "paired", 0.6, "lognormal", 2.0, (1, 1, 2, 3, 4, 5), (0.3, 0.5, 1, 1, 2, 4),
               effect=1.05, effect_sigma=0.1,
               note="two builds 5 % apart, spread 0.1, heavy-unequal's domains"),
+        Shape("quantile-light-high", "quantile", 1.0, "gamma", 2.0, note="quantiles of Gamma(2) rows, sigma_b 1.0"),
+        Shape("quantile-heavy-low", "quantile", 0.3, "lognormal", 2.0, note="quantiles of LogNormal(s=2) rows, sigma_b 0.3"),
+        Shape("quantile-heavy-high", "quantile", 1.0, "lognormal", 2.0,
+              note="quantiles of LogNormal(s=2) rows, sigma_b 1.0"),
+        Shape("quantile-heavy-unequal", "quantile", 0.6, "lognormal", 2.0, (1, 1, 2, 3, 4, 5), (0.3, 0.5, 1, 1, 2, 4),
+              note="quantiles of heavy-unequal's rows and domains"),
         Shape("top1-0.95-low", "top1", 0.5, domain_levels=(0.95,) * 6, note="p 0.95, logit spread 0.5"),
         Shape("top1-0.95-high", "top1", 1.0, domain_levels=(0.95,) * 6, note="p 0.95, logit spread 1.0"),
         Shape("top1-0.99-high", "top1", 1.0, domain_levels=(0.99,) * 6, note="p 0.99, logit spread 1.0"),
@@ -131,11 +150,37 @@ def allocate(g: int, weights: tuple[float, ...]) -> np.ndarray:
 
 def truth(shape: Shape, sizes: np.ndarray) -> float:
     lv = np.asarray(shape.domain_levels, dtype=np.float64)
-    if shape.kind in ("mean", "paired"):
-        return float(np.sum(sizes * lv * shape.base) / sizes.sum())  # build 2's (paired)
+    if shape.kind in ("mean", "paired", "quantile"):
+        return float(np.sum(sizes * lv * shape.base) / sizes.sum())  # build 2's (paired); the mean (quantile)
     x, w = np.polynomial.hermite_e.hermegauss(80)
     e = np.array([np.sum(w * expit(math.log(p / (1 - p)) + shape.sigma_b * x)) / np.sum(w) for p in lv])
     return float(np.sum(sizes * e) / sizes.sum())
+
+
+def truth_quantiles(shape: Shape, sizes: np.ndarray) -> np.ndarray:
+    """The quantiles of the pooled row distribution the design samples: a mixture over domains (weights G_h;
+    N_w is independent of the window, so token weighting is window weighting) of the window-effect mixture.
+    Lognormal rows: log x ~ Normal(log(base m_h) - (sigma_b^2 + s^2) / 2, sqrt(sigma_b^2 + s^2)) exactly;
+    gamma rows: the window effect integrated by Gauss-Hermite quadrature."""
+    w = sizes / sizes.sum()
+    lv = np.log(shape.base * np.asarray(shape.domain_levels, dtype=np.float64))
+    b = shape.sigma_b
+    if shape.token == "lognormal":
+        sd = math.hypot(b, shape.token_param)
+        mu = lv - sd**2 / 2
+
+        def cdf(x: float) -> float:
+            return float(np.sum(w * stats.norm.cdf((math.log(x) - mu) / sd)))
+    else:
+        z, gw = np.polynomial.hermite_e.hermegauss(120)
+        gw = gw / gw.sum()
+        k = shape.token_param
+        scale = np.exp(lv[:, None] + b * z[None, :] - b**2 / 2)  # [domain, node]: the window mean
+
+        def cdf(x: float) -> float:
+            return float(np.sum(w[:, None] * gw[None, :] * stats.gamma.cdf(x / scale, k, scale=1.0 / k)))
+    return np.array([brentq(lambda x: cdf(x) - q, 1e-300, 1e12, xtol=1e-300, rtol=1e-14, maxiter=500)
+                     for q in QUANTILES])
 
 
 def draw(shape: Shape, sizes: np.ndarray, rng: np.random.Generator) -> tuple[np.ndarray, ...]:
@@ -213,6 +258,7 @@ def replicate(shape: Shape, g: int, reps: int, resamples: int, seed: int, confid
     rng = np.random.default_rng([seed, g, zlib.crc32(shape.name.encode())])  # reproducible (str hash is not)
     sizes = allocate(g, shape.domain_weights)
     t = truth(shape, sizes)
+    tqs = truth_quantiles(shape, sizes) if shape.kind == "quantile" else None
     h = sizes.size
     labels = {f"{k:03d}": f"d{d}" for k, d in enumerate(np.repeat(np.arange(h), sizes))}
     cl = Clusters.from_pairs(labels)  # ids sorted = in domain order, so codes 0..g-1 match draw()'s order
@@ -242,6 +288,21 @@ def replicate(shape: Shape, g: int, reps: int, resamples: int, seed: int, confid
                     r = paired_interval(kind, s1, n, s, n, counts, dom, confidence=confidence, symmetric=True,
                                         expand=True, mover=True)
                     tally.add("difference: mover-cluster-bootstrap-t-log-symmetric-expanded", r["ci"], tp)
+        elif shape.kind == "quantile":
+            x = out[3]
+            codes = np.repeat(np.arange(g), n.astype(np.int64))
+            boot = bootstrap_quantiles(x, codes, counts, list(QUANTILES))  # what quantile_figures computes
+            for i, q in enumerate(QUANTILES):
+                for suffix, level in (("", confidence), ("-expanded", conf_x)):
+                    a = (1 - level) / 2
+                    tally.add(f"{_QNAME[q]}: cluster-percentile{suffix}", np.quantile(boot[:, i], [a, 1 - a]),
+                              float(tqs[i]))
+            xs = np.sort(x)
+            for q in (0.5, 0.99):
+                m = xs.size
+                half = zq * math.sqrt(m * q * (1 - q))
+                lo, hi = int(max(math.floor(m * q - half), 0)), int(min(math.ceil(m * q + half), m - 1))
+                tally.add(f"{_QNAME[q]}: iid-order-statistic", (xs[lo], xs[hi]), float(tqs[QUANTILES.index(q)]))
         elif shape.kind == "mean":
             x = out[3]
             tally.add("cluster-bca", _bca(s, n, counts, confidence), t)

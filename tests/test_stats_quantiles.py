@@ -47,3 +47,33 @@ def test_quantile_figures_interval_contains_estimate():
     for f, q in zip(figs, QS):
         assert f["ci"][0] <= f["estimate"] <= f["ci"][1]
         assert f["q"] == q and f["clusters"] == 40 and f["rows"] == vals.size
+
+
+def test_quantile_interval_is_the_percentile_at_the_expanded_level():
+    """The interval is numpy's type-7 quantile of brute-force pooled resample quantiles at the level
+    Hesterberg's expansion gives (scipy's t quantile, the normal cdf), not at the stated 95 %."""
+    from scipy import stats
+
+    vals, codes = _data(g=40, rows=200, seed=4)
+    counts = resample_counts(40, 400, 1)
+    figs = quantile_figures(vals, codes, counts, QS, 0.95, strata=2)
+    level = 1 - 2 * stats.norm.cdf(np.sqrt(40 / 38) * stats.t.ppf(0.025, 38))
+    assert level > 0.95
+    pooled = np.array([np.quantile(np.repeat(vals, counts[b][codes].astype(int)), QS) for b in range(400)])
+    for i, f in enumerate(figs):
+        assert f["method"] == "cluster-percentile-expanded" and f["level"] == pytest.approx(level, abs=1e-12)
+        a = (1 - level) / 2
+        np.testing.assert_allclose(f["ci"], np.quantile(pooled[:, i], [a, 1 - a]), rtol=0, atol=0)
+
+
+def test_tail_windows_counts_the_windows_beyond_the_quantile():
+    # 100 rows: window 0 holds the 10 largest, windows 1-3 the rest; above the p90 estimate sit
+    # only window 0's rows -> 1 effective window (flagged); the median's tail spans all four windows
+    codes = np.repeat(np.arange(4), [25, 25, 25, 25])
+    vals = np.concatenate([np.r_[np.full(15, 0.5), np.linspace(10, 20, 10)], np.full(25, 1.0), np.full(25, 2.0),
+                           np.full(25, 3.0)])
+    figs = quantile_figures(vals, codes, resample_counts(4, 50, 0), [0.5, 0.9])
+    above = codes[vals > figs[0]["estimate"]]
+    shares = np.bincount(above) / above.size
+    assert figs[0]["tail_windows"] == pytest.approx(1 / np.sum(shares[shares > 0] ** 2))
+    assert figs[1]["tail_windows"] == 1.0 and "few_tail_windows" in figs[1]["flags"]

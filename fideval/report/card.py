@@ -152,6 +152,8 @@ def card_context(
         "resamples": st["resamples"],
         "seed": st["seed"],
         "quantile_method": st["quantile_method"],
+        "tail_flagged": sorted({q["q"] for r in rows for q in r["overall"]["kld_quantiles"]
+                                if "few_tail_windows" in q.get("flags", [])}),
         "headline": headline,
         "domain_rows": domain_rows,
         "min_domain_windows": min(dom_clusters) if dom_clusters else 0,

@@ -13,6 +13,7 @@ from typing import Any
 LABELS = {
     "cluster-bca": "BCa",
     "cluster-percentile": "percentile",
+    "cluster-percentile-expanded": "percentile",
     "cluster-bootstrap-t": "bootstrap-t",
     "cluster-bootstrap-t-log": "bootstrap-t",
     "cluster-bootstrap-t-logit": "bootstrap-t",

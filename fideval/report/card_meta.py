@@ -174,7 +174,9 @@ def eval_results(report: dict[str, Any], candidate: str) -> list[Any]:
             out.append(EvalResult(**common, metric_type="kl_divergence", metric_config=stat,
                                   metric_name=f"KLD {100 * q['q']:g}th percentile (nats)", metric_value=float(q["estimate"]),
                                   metric_args={**KLD_ARGS, "statistic": stat, **_interval(q),
-                                               "quantile_method": q["quantile_method"]}))
+                                               "quantile_method": q["quantile_method"],
+                                               **({"tail_windows": round(float(q["tail_windows"]), 1)}
+                                                  if "tail_windows" in q else {})}))
         t = o["top1"]
         shown = t if "ci" in t else {**t["wilson"], "estimate": t["estimate"]}  # the report's default interval, else Wilson
         out.append(EvalResult(**common, metric_type="top1_agreement", metric_name="Top-1 agreement with reference",

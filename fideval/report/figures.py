@@ -85,7 +85,7 @@ class SetFigures:
         kld = self.rs.cols["kld"] if mask is None else self.rs.cols["kld"][mask]
         n_strata = 1 if self.strata is None else int(np.unique(np.asarray(self.strata)[np.unique(codes)]).size)
         return [self._stamp(q) | {"unit": "window", "strata": n_strata}
-                for q in quantile_figures(kld, codes, self.counts, self.qs, self.confidence)]
+                for q in quantile_figures(kld, codes, self.counts, self.qs, self.confidence, n_strata)]
 
     def _agreement(self, name: str, mask: np.ndarray | None, mean: dict[str, Any]) -> dict[str, Any]:
         codes = self.codes if mask is None else self.codes[mask]

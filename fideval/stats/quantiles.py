@@ -21,9 +21,12 @@ from typing import Any
 
 import numpy as np
 
+from fideval.stats.studentized import expanded_confidence
+
 QUANTILE_METHOD = "linear (Hyndman-Fan type 7, numpy method='linear')"
 _GRID = 0  # grid positions; 0 = chosen from rows, windows and targets
 _CHUNK = 2048  # resamples per gather block (memory: _CHUNK x rows / P floats)
+TAIL_WINDOWS = 20.0  # below this effective number of windows beyond the estimate: ``few_tail_windows``
 
 
 def quantiles(values: np.ndarray, qs: list[float]) -> list[float]:
@@ -101,28 +104,46 @@ def bootstrap_quantiles(
     return x_lo + frac * (x_hi - x_lo)
 
 
+def tail_windows(values: np.ndarray, codes: np.ndarray, threshold: float) -> float:
+    """Effective number of windows among the rows above ``threshold``: 1 / sum of squared window shares
+    (inverse Simpson); 0.0 when no row is above it."""
+    above = np.asarray(codes)[np.asarray(values) > threshold]
+    if above.size == 0:
+        return 0.0
+    share = np.unique(above, return_counts=True)[1] / above.size
+    return float(1.0 / np.sum(share * share))
+
+
 def quantile_figures(
-    values: np.ndarray, codes: np.ndarray, counts: np.ndarray, qs: list[float], confidence: float = 0.95
+    values: np.ndarray, codes: np.ndarray, counts: np.ndarray, qs: list[float], confidence: float = 0.95,
+    strata: int = 1,
 ) -> list[dict[str, Any]]:
-    """Each quantile's exact estimate and its window-bootstrap percentile interval."""
+    """Each quantile's exact estimate and its window-bootstrap percentile interval at the expanded level
+    (``strata``: domains among the windows)."""
     est = quantiles(values, qs)
     boot = bootstrap_quantiles(values, codes, counts, qs)
-    alpha = (1.0 - confidence) / 2.0
     n_clusters = int(np.unique(codes).size)
+    level = expanded_confidence(confidence, n_clusters, strata)
+    alpha = (1.0 - level) / 2.0
     out = []
     for i, q in enumerate(qs):
         lo, hi = np.quantile(boot[:, i], [alpha, 1.0 - alpha])
         flags = ["few_clusters"] if n_clusters < 30 else []
+        tw = tail_windows(values, codes, est[i])
+        if tw < TAIL_WINDOWS:
+            flags.append("few_tail_windows")
         out.append(
             {
                 "q": float(q),
                 "estimate": est[i],
                 "ci": [float(lo), float(hi)],
-                "method": "cluster-percentile",
+                "method": "cluster-percentile-expanded",
+                "level": level,
                 "quantile_method": QUANTILE_METHOD,
                 "resamples": int(counts.shape[0]),
                 "clusters": n_clusters,
                 "rows": int(values.size),
+                "tail_windows": tw,
                 "flags": flags,
             }
         )
