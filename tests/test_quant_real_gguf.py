@@ -168,8 +168,8 @@ def _msg(fn) -> str:
 
 def test_bad_gguf_files_are_one_line(llama):
     ref, tmp = llama
-    p = write_llama_gguf(ref, tmp / "deepseek.gguf", arch="deepseek2")
-    assert "GGUF architecture 'deepseek2' is not supported" in _msg(lambda: GGUFCheckpoint(p, ref))
+    p = write_llama_gguf(ref, tmp / "falcon.gguf", arch="falcon")
+    assert "GGUF architecture 'falcon' is not supported" in _msg(lambda: GGUFCheckpoint(p, ref))
     p = write_llama_gguf(ref, tmp / "qwen2.gguf", arch="qwen2")
     assert "'qwen2' is not a build of the reference's 'LlamaForCausalLM'" in _msg(lambda: GGUFCheckpoint(p, ref))
     p = write_llama_gguf(ref, tmp / "extra.gguf", extra={"blk.0.ffn_mystery.weight": np.zeros((4, 32), np.float32)})

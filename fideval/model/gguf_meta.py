@@ -6,10 +6,12 @@ documented case is llama.cpp's converter falling back to softmax expert routing 
 lacks ``scoring_func`` (and llama.cpp itself reads a ``deepseek2`` GGUF without ``expert_gating_func`` as
 softmax), a build further from the reference than Q4_0 is. So every key that changes the computed
 function is compared with the reference config, with llama.cpp's default where the key is absent:
-routing (gating function, expert count, top-k, shared experts, group routing, top-k normalisation and
-scale, leading dense layers), norm epsilon, attention heads, and rope (base, scaling type, factor,
-original context). Key names come from gguf-py (``gguf.Keys``). A disagreement is one line naming both
-values; :class:`fideval.model.quantized.GGUFCheckpoint` runs this first, so ``fideval validate`` reports it.
+routing (gating function where llama.cpp reads it, expert count, top-k, shared experts, group routing, top-k
+normalisation and scale, leading dense layers), norm epsilon, attention heads, sliding window, and rope (base,
+rotated dimensions, scaling type, factor, original context; for ``deepseek2``, whose llama.cpp graph rotates
+interleaved pairs, a reference with ``rope_interleave: false``). Key names come from gguf-py (``gguf.Keys``).
+A disagreement is one line naming both values; :class:`fideval.model.gguf_checkpoint.GGUFCheckpoint` runs this
+first, so ``fideval validate`` reports it.
 """
 
 from __future__ import annotations
@@ -23,8 +25,10 @@ from fideval.errors import FidevalError
 
 # reference scoring function by model type when config.json does not say (transformers' modelling code)
 _DEFAULT_SCORING = {"deepseek_v3": "sigmoid", "deepseek_v2": "softmax", "glm4_moe": "sigmoid"}
-# llama.cpp's value when a GGUF lacks the gating key (llama-model.cpp: DeepSeek V2/V2.5 compatibility)
-_GGUF_DEFAULT_GATING = {"deepseek2": "softmax"}
+# llama.cpp's value when a GGUF lacks the gating key (src/models/deepseek2.cpp: DeepSeek V2/V2.5 compatibility;
+# glm4-moe.cpp). Only these architectures read the key: qwen2moe, qwen3moe, llama (Mixtral) and gpt-oss hard-code
+# their routing in llama.cpp's graph, so for them the key changes nothing and is not compared.
+_GGUF_DEFAULT_GATING = {"deepseek2": "softmax", "glm4moe": "sigmoid"}
 _GATING = {1: "softmax", 2: "sigmoid", 3: "softmax_weight"}
 
 
@@ -56,6 +60,17 @@ def _rope(config: dict) -> dict:
     src = rs if rs else rp
     return {"theta": theta, "type": "none" if kind == "default" else kind, "factor": src.get("factor"),
             "orig": src.get("original_max_position_embeddings")}
+
+
+def _rotary_dims(config: dict) -> int | None:
+    """How many dimensions of a head the reference rotates: DeepSeek's ``qk_rope_head_dim``, else the head size
+    times ``partial_rotary_factor`` (top level or in ``rope_parameters``)."""
+    if config.get("qk_rope_head_dim") is not None:
+        return int(config["qk_rope_head_dim"])
+    heads = config.get("num_attention_heads")
+    head = config.get("head_dim") or (config["hidden_size"] // heads if heads and config.get("hidden_size") else None)
+    factor = config.get("partial_rotary_factor") or (config.get("rope_parameters") or {}).get("partial_rotary_factor") or 1.0
+    return int(head * factor) if head else None
 
 
 def _same(a: Any, b: Any) -> bool:
@@ -93,7 +108,7 @@ def check_gguf_metadata(reader, arch: str, config: dict, where: str | Path) -> N
             disagree(k, gv, absent, ck, rv, hint)
 
     experts = _cfg(config, "n_routed_experts", "num_experts", "num_local_experts")
-    if experts:
+    if experts and arch in _GGUF_DEFAULT_GATING:
         k = key(Keys.LLM.EXPERT_GATING_FUNC)
         raw = gguf_value(reader, k)
         gating = _GATING.get(raw, str(raw)) if raw is not None else _GGUF_DEFAULT_GATING.get(arch)
@@ -103,6 +118,7 @@ def check_gguf_metadata(reader, arch: str, config: dict, where: str | Path) -> N
                      ref if config.get("scoring_func") else f"{ref} ({config.get('model_type')}'s default)",
                      "reconvert with the reference's scoring_func in config.json (llama.cpp's converter falls back "
                      "to softmax when it is missing)")
+    if experts:
         compare(Keys.LLM.EXPERT_COUNT, ("n_routed_experts", "num_experts", "num_local_experts"))
         compare(Keys.LLM.EXPERT_USED_COUNT, ("num_experts_per_tok",))
         compare(Keys.LLM.EXPERT_SHARED_COUNT, ("n_shared_experts",))
@@ -113,6 +129,14 @@ def check_gguf_metadata(reader, arch: str, config: dict, where: str | Path) -> N
         compare(Keys.LLM.LEADING_DENSE_BLOCK_COUNT, ("first_k_dense_replace",))
     compare(Keys.Attention.LAYERNORM_RMS_EPS, ("rms_norm_eps",))
     compare(Keys.Attention.HEAD_COUNT, ("num_attention_heads",))
+    if config.get("use_sliding_window") is not False:  # Qwen configs carry a window they do not use
+        compare(Keys.Attention.SLIDING_WINDOW, ("sliding_window",))
+    if arch == "deepseek2" and config.get("rope_interleave") is False:
+        disagree("deepseek2 rope", "interleaved pairs (llama.cpp's rope type NORM)", False, "rope_interleave", False)
+    k = key(Keys.Rope.DIMENSION_COUNT)
+    gv, rot = gguf_value(reader, k), _rotary_dims(config)
+    if gv is not None and rot is not None and gv != rot:
+        disagree(k, gv, False, "rotary dimensions", rot)
     rope = _rope(config)
     k = key(Keys.Rope.FREQ_BASE)
     gv = gguf_value(reader, k)
