@@ -8,9 +8,10 @@ from pathlib import Path
 
 
 def rewrite_gguf(src: Path, dst: Path, *, kv: dict | None = None, drop_kv: tuple[str, ...] = (),
-                 tensors: dict | None = None) -> Path:
+                 tensors: dict | None = None, drop: tuple[str, ...] = ()) -> Path:
     """``kv``: key -> (value, GGUFValueType) set or added; ``drop_kv``: keys left out; ``tensors``: name ->
-    (raw array, GGMLQuantizationType) replacing a tensor's data (quantized data as uint8 [..., bytes per row])."""
+    (raw array, GGMLQuantizationType) replacing a tensor's data (quantized data as uint8 [..., bytes per row]) or
+    added after the others; ``drop``: tensors left out."""
     import gguf
 
     kv, tensors = kv or {}, tensors or {}
@@ -28,8 +29,12 @@ def rewrite_gguf(src: Path, dst: Path, *, kv: dict | None = None, drop_kv: tuple
         if key not in r.fields:
             w.add_key_value(key, val, vtype)
     for t in r.tensors:
-        data, qtype = tensors.get(t.name, (t.data, t.tensor_type))
-        w.add_tensor(t.name, data, raw_dtype=qtype)
+        if t.name not in drop:
+            data, qtype = tensors.get(t.name, (t.data, t.tensor_type))
+            w.add_tensor(t.name, data, raw_dtype=qtype)
+    for name, (data, qtype) in tensors.items():
+        if name not in {t.name for t in r.tensors}:
+            w.add_tensor(name, data, raw_dtype=qtype)
     w.write_header_to_file()
     w.write_kv_data_to_file()
     w.write_tensors_to_file()

@@ -66,6 +66,11 @@ class GGUFCheckpoint:
                                    hint="the GGUF is not a build of the reference model")
             self.logical[hf] = GGUFLogical(shape, torch.float32, src.parts, src)
             used.update(src.parts)
+        tied = bool(self.config_dict.get("tie_word_embeddings", False))
+        for hf in expected:
+            if hf not in self.logical and not (tied and hf == "lm_head.weight"):
+                raise FidevalError(f"{self.dir}: no GGUF tensor for {hf} (llama.cpp name {self._wanted(hf)!r})",
+                                   hint="the GGUF is incomplete or not a build of the reference model")
         n_layers = int(self.config_dict.get("num_hidden_layers") or 0)
         nextn = int(gguf_value(self.reader, f"{arch}.nextn_predict_layers") or 0)
         for name in self._tensors:
@@ -76,11 +81,6 @@ class GGUFCheckpoint:
                 continue  # multi-token-prediction blocks, which the reference's forward does not run either
             raise FidevalError(f"{self.dir}: GGUF tensor {name!r} does not map onto {hf_arch} (no Hugging Face parameter)",
                                hint="the GGUF was converted from another architecture or a newer llama.cpp")
-        tied = bool(self.config_dict.get("tie_word_embeddings", False))
-        for hf in expected:
-            if hf not in self.logical and not (tied and hf == "lm_head.weight"):
-                raise FidevalError(f"{self.dir}: no GGUF tensor for {hf} (llama.cpp name {self._wanted(hf, plan)!r})",
-                                   hint="the GGUF is incomplete or not a build of the reference model")
 
     def _expected(self) -> dict[str, tuple[int, ...]]:
         """The reference model's float tensors and shapes, from a meta-device model of its config."""
@@ -91,7 +91,7 @@ class GGUFCheckpoint:
             model = AutoModelForCausalLM.from_config(config)
         return {k: tuple(v.shape) for k, v in model.state_dict().items() if v.is_floating_point()}
 
-    def _wanted(self, hf: str, plan) -> str:
+    def _wanted(self, hf: str) -> str:
         try:
             src = gguf_names.plan_sources(self.arch, {hf: ()}, _Everything(), self.config_dict, self.dir)[hf]
         except (FidevalError, KeyError):
