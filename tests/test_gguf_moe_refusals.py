@@ -67,6 +67,8 @@ CASES = [  # fixture, GGUF key changes (None: removed), the error's words
      "GGUF llama.rope.freq_base = 10000.0 but the reference config's rope_theta = 1e+06"),
     ("gpt_oss", {"gpt-oss.attention.sliding_window": (16, U32)},
      "GGUF gpt-oss.attention.sliding_window = 16 but the reference config's sliding_window = 8"),
+    ("gpt_oss", {"gpt-oss.attention.sliding_window": None},
+     "GGUF gpt-oss.attention.sliding_window = none (absent: llama.cpp's default) but the reference config's sliding_window = 8"),
     ("gpt_oss", {"gpt-oss.rope.scaling.factor": (4.0, F32)},
      "GGUF gpt-oss.rope.scaling.factor = 4.0 but the reference config's rope factor = 32.0"),
 ]
@@ -104,6 +106,13 @@ def test_deepseek_reference_without_scoring_func_is_sigmoid_by_default(tmp_path)
     GGUFCheckpoint(DATA / "deepseek_v3" / "model.gguf", ref)
     p = edited(tmp_path, "deepseek_v3", {"deepseek2.expert_gating_func": None})
     assert "scoring_func = sigmoid (deepseek_v3's default)" in _msg(p, ref)
+
+
+def test_mixtral_reference_with_a_sliding_window(tmp_path):
+    """llama.cpp's llama graph has no sliding window: a Mixtral reference that uses one is another model."""
+    ref = _ref(tmp_path, "mixtral", sliding_window=16)
+    assert "GGUF llama.attention.sliding_window = none (absent: llama.cpp's default) but the reference config's " \
+           "sliding_window = 16" in _msg(DATA / "mixtral" / "model.gguf", ref)
 
 
 def test_wrong_reference_architecture(tmp_path):

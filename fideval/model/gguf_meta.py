@@ -129,8 +129,11 @@ def check_gguf_metadata(reader, arch: str, config: dict, where: str | Path) -> N
         compare(Keys.LLM.LEADING_DENSE_BLOCK_COUNT, ("first_k_dense_replace",))
     compare(Keys.Attention.LAYERNORM_RMS_EPS, ("rms_norm_eps",))
     compare(Keys.Attention.HEAD_COUNT, ("num_attention_heads",))
-    if config.get("use_sliding_window") is not False:  # Qwen configs carry a window they do not use
-        compare(Keys.Attention.SLIDING_WINDOW, ("sliding_window",))
+    window = config.get("sliding_window") if config.get("use_sliding_window") is not False else None  # Qwen: unused
+    k = key(Keys.Attention.SLIDING_WINDOW)
+    gv = gguf_value(reader, k)
+    if window and (gv is None or int(gv) != int(window)):  # absent: llama.cpp attends to the whole context
+        disagree(k, gv if gv is not None else "none", gv is None, "sliding_window", window)
     if arch == "deepseek2" and config.get("rope_interleave") is False:
         disagree("deepseek2 rope", "interleaved pairs (llama.cpp's rope type NORM)", False, "rope_interleave", False)
     k = key(Keys.Rope.DIMENSION_COUNT)
