@@ -57,6 +57,18 @@ CASES = [  # fixture, GGUF key changes (None: removed), the error's words
      "GGUF deepseek2.expert_gating_func = sigmoid but the reference config's scoring_func = softmax (deepseek_v2's default)"),
     ("glm4_moe", {"glm4moe.expert_gating_func": (1, U32)},
      "GGUF glm4moe.expert_gating_func = softmax but the reference config's scoring_func = sigmoid"),
+    ("glm4_moe_lite", {"deepseek2.expert_gating_func": None},
+     "GGUF deepseek2.expert_gating_func = softmax (absent: llama.cpp's default) but the reference config's "
+     "scoring_func = sigmoid"),
+    ("dots1", {"dots1.expert_gating_func": None},
+     "GGUF dots1.expert_gating_func = none (llama.cpp aborts) (absent: llama.cpp's default) but the reference "
+     "config's scoring_func = sigmoid"),
+    ("minimax_m2", {"minimax-m2.expert_gating_func": (1, U32)},
+     "GGUF minimax-m2.expert_gating_func = softmax but the reference config's scoring_func = sigmoid"),
+    ("glm4_moe", {"glm4moe.block_count": (2, U32)},
+     "GGUF glm4moe.block_count = 2 but the reference config's num_hidden_layers + 1 MTP = 3"),
+    ("olmoe", {"olmoe.attention.layer_norm_rms_epsilon": (1e-6, F32)},
+     "GGUF olmoe.attention.layer_norm_rms_epsilon = 1e-06 but the reference config's rms_norm_eps = 1e-05"),
     ("glm4_moe", {"glm4moe.rope.dimension_count": (16, U32)},
      "GGUF glm4moe.rope.dimension_count = 16 but the reference config's rotary dimensions = 8"),
     ("qwen3_moe", {"qwen3moe.expert_used_count": (1, U32)},
@@ -106,6 +118,22 @@ def test_deepseek_reference_without_scoring_func_is_sigmoid_by_default(tmp_path)
     GGUFCheckpoint(DATA / "deepseek_v3" / "model.gguf", ref)
     p = edited(tmp_path, "deepseek_v3", {"deepseek2.expert_gating_func": None})
     assert "scoring_func = sigmoid (deepseek_v3's default)" in _msg(p, ref)
+
+
+def test_glm_4_7_lite_shape_defaults_to_sigmoid(tmp_path):
+    """llama.cpp's deepseek2 reads a GGUF without the gating key as sigmoid for GLM-4.7-Lite's shape (47 or 48
+    blocks, 154,880 tokens), softmax otherwise."""
+    from fideval.model.gguf_meta import _default_gating
+
+    def default(**kv):
+        p = rewrite_gguf(DATA / "glm4_moe_lite" / "model.gguf", tmp_path / "g.gguf", kv=kv,
+                         drop_kv=("tokenizer.ggml.tokens", "tokenizer.ggml.token_type", "deepseek2.expert_gating_func"))
+        return _default_gating(gguf.GGUFReader(str(p)), "deepseek2")
+
+    assert default(**{"deepseek2.block_count": (47, U32), "deepseek2.vocab_size": (154880, U32)}) == "sigmoid"
+    assert default(**{"deepseek2.block_count": (48, U32), "deepseek2.vocab_size": (154880, U32)}) == "sigmoid"
+    assert default(**{"deepseek2.block_count": (47, U32), "deepseek2.vocab_size": (154879, U32)}) == "softmax"
+    assert default() == "softmax"
 
 
 def test_mixtral_reference_with_a_sliding_window(tmp_path):

@@ -35,8 +35,12 @@ GGUF_ARCHS: dict[str, tuple[str, ...]] = {
     "qwen3": ("Qwen3ForCausalLM",),
     "qwen2moe": ("Qwen2MoeForCausalLM",),
     "qwen3moe": ("Qwen3MoeForCausalLM",),
-    "deepseek2": ("DeepseekV3ForCausalLM", "DeepseekV2ForCausalLM"),
+    "deepseek2": ("DeepseekV3ForCausalLM", "DeepseekV2ForCausalLM", "Glm4MoeLiteForCausalLM"),
     "glm4moe": ("Glm4MoeForCausalLM",),
+    "olmoe": ("OlmoeForCausalLM",),
+    "dots1": ("Dots1ForCausalLM",),
+    "ernie4_5-moe": ("Ernie4_5_MoeForCausalLM",),
+    "minimax-m2": ("MiniMaxM2ForCausalLM",),
     "gpt-oss": ("GptOssForCausalLM",),
 }
 _PERMUTED = {"llama"}  # LlamaModel.undo_permute: the converter permutes Q/K rows
@@ -86,8 +90,16 @@ def plan_sources(arch: str, expected: dict[str, tuple[int, ...]], present: set[s
     where it comes from. A reference tensor without GGUF tensors is left out (the caller names it)."""
     tm = _tensor_map(arch, int(config.get("num_hidden_layers") or 0))
 
+    from fideval.model.families import FAMILIES
+
+    family = FAMILIES.get((config.get("architectures") or [None])[0])
+    renames = family.renames if family is not None else ()
+
     def gguf_name(base: str, bias: bool) -> str | None:
         g = tm.get_name(base)
+        for mine, theirs in renames:  # the on-disk name the converter saw (transformers' conversion_mapping)
+            if g is None and mine in base + ".":
+                g = tm.get_name((base + ".").replace(mine, theirs).rstrip("."))
         if g is None:
             return None
         for cand in (g + (".bias" if bias else ".weight"), g):

@@ -60,6 +60,22 @@ def configs() -> dict[str, object]:
                                     num_local_experts=4, num_experts_per_tok=2),
         "gpt_oss": tf.GptOssConfig(**small, intermediate_size=32, num_hidden_layers=2, num_key_value_heads=2,
                                    num_local_experts=4, num_experts_per_tok=2, head_dim=16, sliding_window=8),
+        # OLMoE: the converter writes rms eps 1e-5 whatever config.json says (OLMoE's own value)
+        "olmoe": tf.OlmoeConfig(**{**small, "rms_norm_eps": 1e-5}, intermediate_size=32, num_hidden_layers=2,
+                                num_key_value_heads=2, num_experts=4, num_experts_per_tok=2),
+        "dots1": tf.Dots1Config(**small, intermediate_size=64, moe_intermediate_size=32, num_hidden_layers=2,
+                                num_key_value_heads=2, n_routed_experts=4, n_shared_experts=1, num_experts_per_tok=2,
+                                n_group=1, topk_group=1, first_k_dense_replace=1, head_dim=16, routed_scaling_factor=2.5),
+        "ernie4_5_moe": tf.Ernie4_5_MoeConfig(**small, intermediate_size=64, moe_intermediate_size=32, num_hidden_layers=2,
+                                              num_key_value_heads=2, moe_num_experts=4, moe_num_shared_experts=1,
+                                              num_experts_per_tok=2, moe_layer_start_index=1, moe_layer_interval=1,
+                                              head_dim=16),
+        "minimax_m2": tf.MiniMaxM2Config(**small, intermediate_size=32, num_hidden_layers=2, num_key_value_heads=2,
+                                         num_local_experts=4, num_experts_per_tok=2, head_dim=16, rotary_dim=8),
+        "glm4_moe_lite": tf.Glm4MoeLiteConfig(**small, intermediate_size=64, moe_intermediate_size=32, num_hidden_layers=2,
+                                              num_key_value_heads=4, n_routed_experts=4, n_shared_experts=1,
+                                              num_experts_per_tok=2, mlp_layer_types=["dense", "sparse"], q_lora_rank=32,
+                                              kv_lora_rank=32, qk_rope_head_dim=16, qk_nope_head_dim=32, v_head_dim=32),
         "glm4_moe": tf.Glm4MoeConfig(**small, intermediate_size=64, moe_intermediate_size=32, num_hidden_layers=2,
                                      num_key_value_heads=2, n_routed_experts=4, n_shared_experts=1, num_experts_per_tok=2,
                                      n_group=1, topk_group=1, first_k_dense_replace=1, head_dim=16),
@@ -68,7 +84,7 @@ def configs() -> dict[str, object]:
 
 # written into config.json as the published models' configs have them (transformers' classes drop these keys, and
 # llama.cpp's converter falls back to softmax routing without scoring_func)
-EXTRA = {"deepseek_v3": {"scoring_func": "sigmoid"}, "glm4_moe": {"scoring_func": "sigmoid"}}
+EXTRA = {name: {"scoring_func": "sigmoid"} for name in ("deepseek_v3", "glm4_moe", "glm4_moe_lite", "dots1", "minimax_m2")}
 
 
 def save_reference(name: str, folder: Path, seed: int = 0) -> Path:
@@ -148,10 +164,11 @@ def requantize_q4_k(llama_cpp: Path, folder: Path, q8: Path, out: Path) -> None:
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--llama-cpp", type=Path, required=True, help="llama.cpp source tree (convert_hf_to_gguf.py, gguf-py/)")
-    ap.add_argument("--only", nargs="*", default=None)
+    ap.add_argument("--only", nargs="*", default=None, help="these models (default: all)")
+    ap.add_argument("--out", type=Path, default=OUT, help=f"output folder (default {OUT})")
     args = ap.parse_args()
     for name in args.only or list(configs()):
-        dest = OUT / name
+        dest = args.out / name
         with tempfile.TemporaryDirectory() as tmp:
             ref = save_reference(name, Path(tmp) / "ref")
             convert(args.llama_cpp.resolve(), ref, Path(tmp) / "q8.gguf")
