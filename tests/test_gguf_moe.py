@@ -24,6 +24,8 @@ from fideval.model.runner import Runner, RunnerOptions
 torch.set_num_threads(1)
 DATA = Path(__file__).resolve().parent / "data" / "llamacpp" / "moe"
 MODELS = sorted(p.name for p in DATA.iterdir())
+# (reference folder, GGUF file): every model.gguf, and the files the converter wrote with --fuse-qkv
+FILES = [(m, "model.gguf") for m in MODELS] + [(p.parent.name, p.name) for p in sorted(DATA.glob("*/model-qkv.gguf"))]
 
 LAYER = {  # Hugging Face name after "model.layers.<i>." -> llama.cpp name after "blk.<i>." (convert_hf_to_gguf.py)
     "input_layernorm.weight": "attn_norm.weight", "self_attn.q_proj.weight": "attn_q.weight",
@@ -69,12 +71,12 @@ def _unpermute(w: torch.Tensor, heads: int) -> torch.Tensor:
     return out
 
 
-def oracle_folder(name: str, dst: Path) -> Path:
+def oracle_folder(name: str, dst: Path, file: str = "model.gguf") -> Path:
     """The reference folder with each tensor replaced by its dequantized GGUF counterpart (on-disk layout)."""
     src = DATA / name
     cfg = json.loads((src / "config.json").read_text())
-    ref, deq = load_file(str(src / "model.safetensors")), dequantized(src / "model.gguf")
-    arch = gguf.GGUFReader(str(src / "model.gguf")).fields["general.architecture"].contents()
+    ref, deq = load_file(str(src / "model.safetensors")), dequantized(src / file)
+    arch = gguf.GGUFReader(str(src / file)).fields["general.architecture"].contents()
     out = {}
     for key, v in ref.items():
         if key in TOP:
@@ -101,7 +103,12 @@ def oracle_folder(name: str, dst: Path) -> Path:
                 g = "ffn_norm.weight" if f"blk.{i}.ffn_norm.weight" in deq else "post_attention_norm.weight"
             else:
                 g = LAYER[rest]
-            t = deq[f"blk.{i}.{g}"]
+            if f"blk.{i}.{g}" not in deq and g in ("attn_q.weight", "attn_k.weight", "attn_v.weight"):  # --fuse-qkv
+                n = [ref[f"model.layers.{i}.self_attn.{p}_proj.weight"].shape[0] for p in "qkv"]
+                at = {"attn_q.weight": 0, "attn_k.weight": n[0], "attn_v.weight": n[0] + n[1]}[g]
+                t = deq[f"blk.{i}.attn_qkv.weight"][at:at + v.shape[0]]
+            else:
+                t = deq[f"blk.{i}.{g}"]
             if arch == "llama" and rest in ("self_attn.q_proj.weight", "self_attn.k_proj.weight"):
                 heads = cfg["num_attention_heads"] if "q_proj" in rest else cfg["num_key_value_heads"]
                 t = _unpermute(t, heads)
@@ -118,11 +125,11 @@ def logits(weights) -> torch.Tensor:
     return torch.stack([x for _, x in r.run(tokens(r.vocab_size, n=2, length=12), canary=False)])
 
 
-@pytest.mark.parametrize("name", MODELS)
-def test_converter_gguf_equals_the_dequantized_weights_emulation(name, tmp_path):
-    ckpt = GGUFCheckpoint(DATA / name / "model.gguf", DATA / name)
+@pytest.mark.parametrize("name, file", FILES)
+def test_converter_gguf_equals_the_dequantized_weights_emulation(name, file, tmp_path):
+    ckpt = GGUFCheckpoint(DATA / name / file, DATA / name)
     real = logits(ckpt)
-    emu = logits(oracle_folder(name, tmp_path / "emu"))
+    emu = logits(oracle_folder(name, tmp_path / "emu", file))
     assert torch.equal(real, emu), (real - emu).abs().max()
     # the oracle itself: each of its tensors is the reference's within the GGUF type's rounding (a tensor put in the
     # wrong place, or a layout inverted wrongly, is off by the weights' own size, ~0.1-0.4), and not all exact
@@ -181,3 +188,22 @@ def test_older_kv_b_layout_reads_the_same(tmp_path):
         assert torch.equal(old.read(key)[: k_b.shape[2]], k_b[0].T)  # head 0's nope rows
     assert torch.equal(logits(old), logits(ck))
     shutil.rmtree(tmp_path)
+
+
+def test_fused_gate_up_experts_read_as_the_stacked_pair(tmp_path):
+    """``ffn_gate_up_exps`` (the converter's --fuse-gate-up-exps, for the architectures gguf-py lists it for):
+    the pair's Q8_0 rows concatenated per expert (ggml blocks run along rows) read as the stacked pair does."""
+    from gguf_rewrite import rewrite_gguf
+
+    src = DATA / "qwen3_moe"
+    tensors = {t.name: t for t in gguf.GGUFReader(str(src / "model.gguf")).tensors}
+    fused = {}
+    for i in (0, 1):
+        g, u = tensors[f"blk.{i}.ffn_gate_exps.weight"], tensors[f"blk.{i}.ffn_up_exps.weight"]
+        fused[f"blk.{i}.ffn_gate_up_exps.weight"] = (np.concatenate([g.data, u.data], axis=1), g.tensor_type)
+    p = rewrite_gguf(src / "model.gguf", tmp_path / "fused.gguf", tensors=fused,
+                     drop=tuple(f"blk.{i}.ffn_{w}_exps.weight" for i in (0, 1) for w in ("gate", "up")))
+    a, b = GGUFCheckpoint(src / "model.gguf", src), GGUFCheckpoint(p, src)
+    assert b.info("model.layers.1.mlp.experts.gate_up_proj").parts == ("blk.1.ffn_gate_up_exps.weight",)
+    for key in a.logical:
+        assert torch.equal(a.read(key), b.read(key)), key

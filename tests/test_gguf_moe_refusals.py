@@ -187,3 +187,13 @@ def test_missing_and_extra_tensors(tmp_path):
     p = rewrite_gguf(src, tmp_path / "short.gguf", tensors=short)
     assert "GGUF tensor 'blk.1.ffn_down_exps.weight' (-> model.layers.1.mlp.experts.down_proj) has shape [4, 64, 16], " \
            "the reference config implies [4, 64, 32]" in _msg(p, ref)
+
+
+def test_fused_qkv_of_the_wrong_size(tmp_path):
+    import numpy as np
+
+    src, ref = DATA / "qwen3_moe" / "model-qkv.gguf", DATA / "qwen3_moe"
+    short = {"blk.1.attn_qkv.weight": (np.zeros((120, 64), np.float32), gguf.GGMLQuantizationType.F32)}
+    p = rewrite_gguf(src, tmp_path / "qkv.gguf", tensors=short)
+    assert "GGUF tensor 'blk.1.attn_qkv.weight' (-> model.layers.1.self_attn.q_proj.weight) has shape [120, 64], " \
+           "the reference config implies [64, 64]" in _msg(p, ref)

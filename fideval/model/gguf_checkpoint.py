@@ -103,6 +103,9 @@ class GGUFCheckpoint:
 
     def _shape_of(self, src: Source) -> tuple[int, ...]:
         s = [self._np_shape(p) for p in src.parts]
+        if src.rows is not None:
+            start, stop, total = src.rows
+            return (stop - start, *s[0][1:]) if s[0][:1] == (total,) else s[0]
         if src.op == "gate_up":
             if any(len(x) != len(s[0]) or x[:1] != s[0][:1] or x[2:] != s[0][2:] for x in s):
                 return tuple(s[0])  # reported as a shape mismatch

@@ -13,6 +13,7 @@ What the converter does besides renaming is undone here, as :class:`Source` ops:
   with ``--fuse-gate-up-exps`` holds that concatenation already (``ffn_gate_up_exps``).
 * ``gate_up_interleaved`` / ``transpose``: gpt-oss keeps its experts transposed ([E, H, 2I], gate and up
   interleaved column by column; ``down_proj`` [E, I, H]); the converter de-interleaves and transposes them.
+* ``rows``: ``--fuse-qkv`` writes ``attn_qkv`` = cat(q, k, v) (after the permutation): each is its rows.
 * ``kv_b``: DeepSeek MLA's ``kv_b_proj`` [H * (nope + v), r] is written either whole (``attn_kv_b``, older
   converters) or, since llama.cpp's MLA absorption, split per head into ``attn_k_b`` [H, r, nope] (transposed)
   and ``attn_v_b`` [H, v, r]; both layouts are read.
@@ -58,6 +59,7 @@ class Source:
     parts: tuple[str, ...]
     op: str = "plain"  # plain | permute | gate_up | gate_up_interleaved | transpose | kv_b
     heads: int = 0  # permute: the head count the converter permuted with
+    rows: tuple[int, int, int] | None = None  # (start, stop, total): rows [start, stop) of a fused part (attn_qkv)
 
 
 def hf_architecture(arch: str | None, hf_arch: str | None, where: Path) -> None:
@@ -125,16 +127,33 @@ def plan_sources(arch: str, expected: dict[str, tuple[int, ...]], present: set[s
                 split = (_template("ATTN_K_B", bid) + ".weight", _template("ATTN_V_B", bid) + ".weight")
                 if all(p in present for p in split):
                     src = Source(split, "kv_b", int(config.get("num_attention_heads") or 0))
-            elif src is not None and arch in _PERMUTED and re.search(r"\.attn_[qk]\.(weight|bias)$", name):
+            elif src is not None and name not in present and re.search(r"\.attn_[qkv]\.(weight|bias)$", name):
+                src = _fused_qkv(hf, name, expected, present) or src
+            if src is not None and arch in _PERMUTED and re.search(r"\.attn_[qk]\.(weight|bias)$", name or ""):
                 heads = config.get("num_attention_heads")
                 kv = config.get("num_key_value_heads") or heads
-                src = Source((name,), "permute", int(kv if ".attn_k." in name else heads))
+                src = Source(src.parts, "permute", int(kv if ".attn_k." in name else heads), src.rows)
         if src is None:
             raise FidevalError(f"{where}: gguf-py has no {arch!r} name for the reference tensor {hf}",
                                hint="update the gguf package, or the architecture is not one llama.cpp converts this way")
         if all(p in present for p in src.parts):
             out[hf] = src
     return out
+
+
+def _fused_qkv(hf: str, name: str, expected: dict, present: set[str]) -> Source | None:
+    """Q, K or V as rows of ``attn_qkv`` (the converter's ``--fuse-qkv``: ``cat([q, k, v])`` after the Q/K
+    permutation), sized by the reference's own q/k/v shapes."""
+    bid = int(_LAYER.match(hf).group(1))
+    suffix = "." + name.rsplit(".", 1)[1]
+    fused = _template("ATTN_QKV", bid) + suffix
+    proj = re.sub(r"\.[qkv]_proj\.(weight|bias)$", "", hf)
+    sizes = [expected.get(f"{proj}.{p}_proj{suffix}", (None,))[0] for p in "qkv"]
+    if fused not in present or None in sizes:
+        return None
+    i = "qkv".index(name.rsplit(".", 2)[-2][-1])
+    start = sum(sizes[:i])
+    return Source((fused,), rows=(start, start + sizes[i], sum(sizes)))
 
 
 def _experts(m: re.Match, arch: str, gguf_name, present: set[str]) -> Source | None:
@@ -159,6 +178,8 @@ def assemble(src: Source, parts: list, shape: tuple[int, ...]):
     """The Hugging Face tensor (torch, float32, ``shape``) from its dequantized GGUF ``parts`` (numpy order)."""
     import torch
 
+    if src.rows is not None:
+        parts = [parts[0][src.rows[0]:src.rows[1]]]
     if src.op == "plain":
         t = parts[0]
     elif src.op == "permute":

@@ -17,7 +17,8 @@ conversion, the tensors llama-quantize's Q4_K_M would make Q4_K (attention and e
 re-encoded as Q4_K with fideval's byte-exact K-quant encoder (checked against llama.cpp's own quantizer in
 tests/test_quant_llamacpp_vectors.py) from the converter's Q8_0 values' source floats, and the file is rewritten
 with gguf-py's ``GGUFWriter`` (metadata and the other tensors byte for byte). Output, under
-``tests/data/llamacpp/moe/<name>/``: ``config.json``, ``model.safetensors`` (the reference) and ``model.gguf``.
+``tests/data/llamacpp/moe/<name>/``: ``config.json``, ``model.safetensors`` (the reference) and ``model.gguf``;
+for the models in :data:`FUSED` also ``model-qkv.gguf``, written with ``--fuse-qkv``.
 """
 
 from __future__ import annotations
@@ -107,8 +108,9 @@ def save_reference(name: str, folder: Path, seed: int = 0) -> Path:
     return folder
 
 
-def convert(llama_cpp: Path, folder: Path, out: Path, outtype: str = "q8_0") -> None:
-    """``convert_hf_to_gguf.py folder --outtype <outtype> --outfile out``, with placeholder tokens for the vocabulary."""
+def convert(llama_cpp: Path, folder: Path, out: Path, outtype: str = "q8_0", fuse_qkv: bool = False) -> None:
+    """``convert_hf_to_gguf.py folder --outtype <outtype> --outfile out`` (with ``--fuse-qkv`` when asked), with
+    placeholder tokens for the vocabulary."""
     sys.path.insert(0, str(llama_cpp / "gguf-py"))
     sys.path.insert(0, str(llama_cpp))
     import gguf
@@ -130,9 +132,12 @@ def convert(llama_cpp: Path, folder: Path, out: Path, outtype: str = "q8_0") -> 
 
     with torch.inference_mode():
         ftype = {"q8_0": gguf.LlamaFileType.MOSTLY_Q8_0, "f16": gguf.LlamaFileType.MOSTLY_F16}[outtype]
-        Converter(folder, ftype, out, eager=True).write()
+        Converter(folder, ftype, out, eager=True, fuse_qkv=fuse_qkv).write()
 
 
+# also written with the converter's --fuse-qkv, as model-qkv.gguf (its --fuse-gate-up-exps takes none of the
+# architectures here: gguf-py lists ffn_gate_up_exps for qwen3next, gemma4, mistral4...)
+FUSED = ("qwen3_moe", "mixtral")
 # llama.cpp names (after the layer) that Q4_K_M makes Q4_K where a row holds whole 256-element super-blocks
 Q4_K_TENSORS = ("attn_q_a.weight", "attn_kv_a_mqa.weight", "ffn_gate_exps.weight", "ffn_up_exps.weight",
                 "ffn_gate_shexp.weight", "ffn_up_shexp.weight")
@@ -182,6 +187,8 @@ def main() -> int:
             for f in ("config.json", "model.safetensors"):
                 shutil.copy(ref / f, dest / f)
             shutil.copy(Path(tmp) / "model.gguf", dest / "model.gguf")
+            if name in FUSED:
+                convert(args.llama_cpp.resolve(), ref, dest / "model-qkv.gguf", fuse_qkv=True)
         print(name, {p.name: p.stat().st_size for p in sorted(dest.iterdir())})
     return 0
 
