@@ -58,7 +58,7 @@ class Source:
 
     parts: tuple[str, ...]
     op: str = "plain"  # plain | permute | gate_up | gate_up_interleaved | transpose | kv_b
-    heads: int = 0  # permute: the head count the converter permuted with
+    heads: int = 0  # permute: the head count (KV heads for K) the converter permuted with
     rows: tuple[int, int, int] | None = None  # (start, stop, total): rows [start, stop) of a fused part (attn_qkv)
 
 
@@ -90,10 +90,9 @@ def plan_sources(arch: str, expected: dict[str, tuple[int, ...]], present: set[s
                  where: Path) -> dict[str, Source]:
     """For each reference tensor (``expected``: name -> shape) found in the GGUF (``present``: its tensor names),
     where it comes from. A reference tensor without GGUF tensors is left out (the caller names it)."""
-    tm = _tensor_map(arch, int(config.get("num_hidden_layers") or 0))
-
     from fideval.model.families import FAMILIES
 
+    tm = _tensor_map(arch, int(config.get("num_hidden_layers") or 0))
     family = FAMILIES.get((config.get("architectures") or [None])[0])
     renames = family.renames if family is not None else ()
 
@@ -126,7 +125,7 @@ def plan_sources(arch: str, expected: dict[str, tuple[int, ...]], present: set[s
                 bid = int(_LAYER.match(hf).group(1))
                 split = (_template("ATTN_K_B", bid) + ".weight", _template("ATTN_V_B", bid) + ".weight")
                 if all(p in present for p in split):
-                    src = Source(split, "kv_b", int(config.get("num_attention_heads") or 0))
+                    src = Source(split, "kv_b")
             elif src is not None and name not in present and re.search(r"\.attn_[qkv]\.(weight|bias)$", name):
                 src = _fused_qkv(hf, name, expected, present) or src
             if src is not None and arch in _PERMUTED and re.search(r"\.attn_[qk]\.(weight|bias)$", name or ""):
