@@ -197,3 +197,13 @@ def test_fused_qkv_of_the_wrong_size(tmp_path):
     p = rewrite_gguf(src, tmp_path / "qkv.gguf", tensors=short)
     assert "GGUF tensor 'blk.1.attn_qkv.weight' (-> model.layers.1.self_attn.q_proj.weight) has shape [120, 64], " \
            "the reference config implies [64, 64]" in _msg(p, ref)
+
+
+def test_a_type_gguf_py_cannot_dequantize(tmp_path):
+    """Q8_1 (an activation type: ggml never stores weights in it) is refused when the file is opened."""
+    import numpy as np
+
+    q81 = {"blk.0.attn_q.weight": (np.zeros((64, 2 * 40), np.uint8), gguf.GGMLQuantizationType.Q8_1)}
+    p = rewrite_gguf(DATA / "qwen3_moe" / "model.gguf", tmp_path / "q81.gguf", tensors=q81)
+    assert "GGUF tensor 'blk.0.attn_q.weight' has type Q8_1, which gguf-py cannot dequantize" in \
+        _msg(p, DATA / "qwen3_moe")

@@ -71,6 +71,7 @@ class GGUFCheckpoint:
             if hf not in self.logical and not (tied and hf == "lm_head.weight"):
                 raise FidevalError(f"{self.dir}: no GGUF tensor for {hf} (llama.cpp name {self._wanted(hf)!r})",
                                    hint="the GGUF is incomplete or not a build of the reference model")
+        _check_types(self.reader.tensors, used, self.dir)
         n_layers = int(self.config_dict.get("num_hidden_layers") or 0)
         nextn = int(gguf_value(self.reader, f"{arch}.nextn_predict_layers") or 0)
         for name in self._tensors:
@@ -174,6 +175,30 @@ class GGUFCheckpoint:
         from fideval.quant.gguf_file import gguf_module_class_of
 
         return {c for n, ty in self.types.items() if ty not in ("F32", "F16", "BF16", "F64") and (c := gguf_module_class_of(n))}
+
+
+def _check_types(tensors, used: set[str], where: Path) -> None:
+    """One line for the first tensor whose GGML type gguf-py cannot dequantize (Q8_1, Q8_K, integers...): found
+    before any run, not when the runner reaches its layer. Each distinct type is tried once on one zero block."""
+    import numpy as np
+    from gguf import GGML_QUANT_SIZES, GGMLQuantizationType, quants
+
+    floats = (GGMLQuantizationType.F32, GGMLQuantizationType.F16, GGMLQuantizationType.BF16, GGMLQuantizationType.F64)
+    ok: dict = {}
+    for t in tensors:
+        if t.name not in used or t.tensor_type in floats:
+            continue
+        if t.tensor_type not in ok:
+            block, size = GGML_QUANT_SIZES[t.tensor_type]
+            try:
+                quants.dequantize(np.zeros((1, size), np.uint8), t.tensor_type)
+                ok[t.tensor_type] = True
+            except (NotImplementedError, ValueError, TypeError):
+                ok[t.tensor_type] = False
+        if not ok[t.tensor_type]:
+            raise FidevalError(f"{where}: GGUF tensor {t.name!r} has type {t.tensor_type.name}, which gguf-py cannot "
+                               "dequantize", hint="requantize the tensor to a type llama-quantize writes for weights "
+                               "(Q*_0, K-quants, IQ*), or update the gguf package")
 
 
 class _Everything(set):
