@@ -81,7 +81,7 @@ def test_score_a_deepseek_gguf_candidate(setup):
 def test_truncated_gguf_is_one_line_and_writes_nothing(setup):
     s = setup
     out = s["tmp"] / "rec-cut"
-    proc = _score(s, "cut", out, cwd=ROOT, fresh_process=True)
+    proc = _score(s, "cut", out)
     assert proc.code == 2, proc.stderr
     assert proc.stderr.count("\n") == 1 and "cut.gguf: not a readable GGUF file" in proc.stderr
     assert not out.exists() or not any(out.iterdir())
