@@ -120,6 +120,14 @@ def test_deepseek_reference_without_scoring_func_is_sigmoid_by_default(tmp_path)
     assert "scoring_func = sigmoid (deepseek_v3's default)" in _msg(p, ref)
 
 
+@pytest.mark.parametrize("name, norm, fixed", [("qwen3_moe", False, True), ("qwen2_moe", True, False),
+                                              ("olmoe", True, False)])
+def test_top_k_normalisation_fixed_in_llama_cpps_graph(tmp_path, name, norm, fixed):
+    ref = _ref(tmp_path, name, norm_topk_prob=norm)
+    assert f"top-k weights normalised = {fixed} (fixed in llama.cpp's graph) but the reference config's " \
+           f"norm_topk_prob = {norm}" in _msg(DATA / name / "model.gguf", ref)
+
+
 def test_glm_4_7_lite_shape_defaults_to_sigmoid(tmp_path):
     """llama.cpp's deepseek2 reads a GGUF without the gating key as sigmoid for GLM-4.7-Lite's shape (47 or 48
     blocks, 154,880 tokens), softmax otherwise."""

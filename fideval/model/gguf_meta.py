@@ -7,7 +7,8 @@ lacks ``scoring_func`` (and llama.cpp itself reads a ``deepseek2`` GGUF without 
 softmax), a build further from the reference than Q4_0 is. So every key that changes the computed
 function is compared with the reference config, with llama.cpp's default where the key is absent:
 layer count, routing (gating function where llama.cpp reads it, expert count, top-k, shared experts, group routing, top-k
-normalisation and scale, leading dense layers), norm epsilon, attention heads, sliding window, and rope (base,
+normalisation (a key, or fixed in llama.cpp's graph: qwen3moe yes, qwen2moe and olmoe no) and scale, leading
+dense layers), norm epsilon, attention heads, sliding window, and rope (base,
 rotated dimensions, scaling type, factor, original context; for ``deepseek2``, whose llama.cpp graph rotates
 interleaved pairs, a reference with ``rope_interleave: false``). Key names come from gguf-py (``gguf.Keys``).
 A disagreement is one line naming both values; :class:`fideval.model.gguf_checkpoint.GGUFCheckpoint` runs this
@@ -32,6 +33,9 @@ _DEFAULT_SCORING = {"deepseek_v3": "sigmoid", "deepseek_v2": "softmax", "glm4_mo
 # (Mixtral), olmoe, ernie4_5-moe and gpt-oss hard-code their routing, so for them it changes nothing and is not compared.
 _GGUF_DEFAULT_GATING = {"deepseek2": "softmax", "glm4moe": "sigmoid", "dots1": "none (llama.cpp aborts)",
                         "minimax-m2": "none (llama.cpp aborts)"}
+# llama.cpp's graph normalises the top-k routing weights or not, fixed per architecture (src/models/<arch>.cpp,
+# build_moe_ffn's norm_w), where the reference config makes it a setting (norm_topk_prob)
+_FIXED_NORM = {"qwen2moe": False, "qwen3moe": True, "olmoe": False}
 _GATING = {1: "softmax", 2: "sigmoid", 3: "softmax_weight"}
 
 
@@ -141,6 +145,10 @@ def check_gguf_metadata(reader, arch: str, config: dict, where: str | Path) -> N
         compare(Keys.LLM.EXPERT_WEIGHTS_NORM, ("norm_topk_prob",))
         compare(Keys.LLM.EXPERT_WEIGHTS_SCALE, ("routed_scaling_factor",))
         compare(Keys.LLM.LEADING_DENSE_BLOCK_COUNT, ("first_k_dense_replace",))
+    norm = config.get("norm_topk_prob")
+    if experts and arch in _FIXED_NORM and norm is not None and bool(norm) != _FIXED_NORM[arch]:
+        disagree(f"{arch} top-k weights normalised", f"{_FIXED_NORM[arch]} (fixed in llama.cpp's graph)", False,
+                 "norm_topk_prob", bool(norm))
     k = key(Keys.LLM.BLOCK_COUNT)
     gv, layers = gguf_value(reader, k), config.get("num_hidden_layers")
     nextn = gguf_value(reader, key(Keys.LLM.NEXTN_PREDICT_LAYERS)) or 0  # glm4moe counts its MTP blocks too

@@ -52,8 +52,10 @@ def configs() -> dict[str, object]:
                                            num_key_value_heads=4, n_routed_experts=4, n_shared_experts=1,
                                            num_experts_per_tok=2, first_k_dense_replace=1, q_lora_rank=None,
                                            kv_lora_rank=32, qk_rope_head_dim=16, qk_nope_head_dim=32, v_head_dim=32),
+        # norm_topk_prob as Qwen3-MoE releases have it (llama.cpp's qwen3moe graph always normalises)
         "qwen3_moe": tf.Qwen3MoeConfig(**small, intermediate_size=64, moe_intermediate_size=32, num_hidden_layers=2,
-                                       num_key_value_heads=2, num_experts=4, num_experts_per_tok=2, head_dim=16),
+                                       num_key_value_heads=2, num_experts=4, num_experts_per_tok=2, head_dim=16,
+                                       norm_topk_prob=True),
         "qwen2_moe": tf.Qwen2MoeConfig(**small, intermediate_size=64, moe_intermediate_size=32,
                                        shared_expert_intermediate_size=32, num_hidden_layers=2, num_key_value_heads=2,
                                        num_experts=4, num_experts_per_tok=2),
