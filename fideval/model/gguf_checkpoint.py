@@ -5,9 +5,10 @@ Before any tensor is touched, :class:`GGUFCheckpoint` checks, in this order, wha
 silently wrong or fail late: the architecture (``general.architecture`` against the reference's
 ``architectures[0]``, :data:`fideval.model.gguf_names.GGUF_ARCHS`), the metadata llama.cpp computes with
 (:func:`fideval.model.gguf_meta.check_gguf_metadata`: routing, norm epsilon, rope), then every GGUF tensor's
-place in the reference model (:func:`fideval.model.gguf_names.plan_sources`, gguf-py's name tables) and its
-shape after the converter's rewrites are undone. ``fideval validate`` opens the candidate with this class, so
-it reports all of it; each problem is one line naming the tensor or key and both values.
+place in the reference model (:func:`fideval.model.gguf_names.plan_sources`, gguf-py's name tables), its
+shape after the converter's rewrites are undone, and that gguf-py can dequantize its type. ``fideval validate``
+opens the candidate with this class, so it reports all of it; each problem is one line naming the tensor or key
+and both values.
 
 Routed experts are served in transformers' fused layout (``mlp.experts.gate_up_proj`` ...), which the runner
 reads as a whole or by expert range (``rows``): only the experts asked for are dequantized.
