@@ -31,7 +31,7 @@ def setup(tmp_path_factory):
     tmp = tmp_path_factory.mktemp("cli")
     ref = build("llama", tmp / "ref")
     gg = write_llama_gguf(ref, tmp / "q8.gguf", "Q8_0")
-    bad = write_llama_gguf(ref, tmp / "bad.gguf", arch="deepseek2")
+    bad = write_llama_gguf(ref, tmp / "bad.gguf", arch="falcon")
     toks = tokens(96, n=2, length=16)
     ids = ["code-000.c0", "prose-000.c0"]
     r = Runner(ref)
@@ -97,7 +97,7 @@ def test_serving_path_quantizes_activations(weights_only):
 
 
 @pytest.mark.parametrize("name, path, expect", [
-    ("bad", "weights-only", "GGUF architecture 'deepseek2' is not supported"),
+    ("bad", "weights-only", "GGUF architecture 'falcon' is not supported"),
     ("gone", "weights-only", "nope.gguf not found"),
     ("plain", "serving", "quantizes no module class, so 'serving' equals 'weights-only'"),
 ])

@@ -165,8 +165,8 @@ def _real(tmp_path, models, checkpoint, paths=("weights-only",)) -> Path:
 def test_gguf_builds(models, tmp_path):
     good = _gguf(models, tmp_path / "good.gguf", "llama")
     assert validate(_real(tmp_path, models, good, ("serving", "weights-only"))).code == 0
-    refused(_real(tmp_path, models, _gguf(models, tmp_path / "ds.gguf", "deepseek2")), "candidates.b.checkpoint",
-            "GGUF architecture 'deepseek2' is not supported")
+    refused(_real(tmp_path, models, _gguf(models, tmp_path / "f.gguf", "falcon")), "candidates.b.checkpoint",
+            "GGUF architecture 'falcon' is not supported")
     refused(_real(tmp_path, models, _gguf(models, tmp_path / "q2.gguf", "qwen2")), "candidates.b.checkpoint",
             "GGUF architecture 'qwen2' is not a build of the reference's 'LlamaForCausalLM'")
     (tmp_path / "junk.gguf").write_bytes(b"GGML" + bytes(40))

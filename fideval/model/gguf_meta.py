@@ -6,10 +6,13 @@ documented case is llama.cpp's converter falling back to softmax expert routing 
 lacks ``scoring_func`` (and llama.cpp itself reads a ``deepseek2`` GGUF without ``expert_gating_func`` as
 softmax), a build further from the reference than Q4_0 is. So every key that changes the computed
 function is compared with the reference config, with llama.cpp's default where the key is absent:
-routing (gating function, expert count, top-k, shared experts, group routing, top-k normalisation and
-scale, leading dense layers), norm epsilon, attention heads, and rope (base, scaling type, factor,
-original context). Key names come from gguf-py (``gguf.Keys``). A disagreement is one line naming both
-values; :class:`fideval.model.quantized.GGUFCheckpoint` runs this first, so ``fideval validate`` reports it.
+layer count, routing (gating function where llama.cpp reads it, expert count, top-k, shared experts, group routing, top-k
+normalisation (a key, or fixed in llama.cpp's graph: qwen3moe yes, qwen2moe and olmoe no) and scale, leading
+dense layers), norm epsilon, attention heads, sliding window, and rope (base,
+rotated dimensions, scaling type, factor, original context; for ``deepseek2``, whose llama.cpp graph rotates
+interleaved pairs, a reference with ``rope_interleave: false``). Key names come from gguf-py (``gguf.Keys``).
+A disagreement is one line naming both values; :class:`fideval.model.gguf_checkpoint.GGUFCheckpoint` runs this
+first, so ``fideval validate`` reports it.
 """
 
 from __future__ import annotations
@@ -22,9 +25,17 @@ import numpy as np
 from fideval.errors import FidevalError
 
 # reference scoring function by model type when config.json does not say (transformers' modelling code)
-_DEFAULT_SCORING = {"deepseek_v3": "sigmoid", "deepseek_v2": "softmax", "glm4_moe": "sigmoid"}
-# llama.cpp's value when a GGUF lacks the gating key (llama-model.cpp: DeepSeek V2/V2.5 compatibility)
-_GGUF_DEFAULT_GATING = {"deepseek2": "softmax"}
+_DEFAULT_SCORING = {"deepseek_v3": "sigmoid", "deepseek_v2": "softmax", "glm4_moe": "sigmoid", "glm4_moe_lite": "sigmoid",
+                    "dots1": "sigmoid", "minimax_m2": "sigmoid"}
+# llama.cpp's value when a GGUF lacks the gating key (src/models/<arch>.cpp): deepseek2 softmax for DeepSeek V2/V2.5
+# compatibility (sigmoid for GLM-4.7-Lite's shape, see _default_gating), glm4moe sigmoid; dots1 and minimax-m2 keep
+# "none", on which llama.cpp's MoE graph aborts. Only these architectures read the key: qwen2moe, qwen3moe, llama
+# (Mixtral), olmoe, ernie4_5-moe and gpt-oss hard-code their routing, so for them it changes nothing and is not compared.
+_GGUF_DEFAULT_GATING = {"deepseek2": "softmax", "glm4moe": "sigmoid", "dots1": "none (llama.cpp aborts)",
+                        "minimax-m2": "none (llama.cpp aborts)"}
+# llama.cpp's graph normalises the top-k routing weights or not, fixed per architecture (src/models/<arch>.cpp,
+# build_moe_ffn's norm_w), where the reference config makes it a setting (norm_topk_prob)
+_FIXED_NORM = {"qwen2moe": False, "qwen3moe": True, "olmoe": False}
 _GATING = {1: "softmax", 2: "sigmoid", 3: "softmax_weight"}
 
 
@@ -38,6 +49,17 @@ def gguf_value(reader, key: str) -> Any:
         return bytes(part).decode("utf-8", "replace")
     v = part[0].item() if len(part) else None
     return v
+
+
+def _default_gating(reader, arch: str) -> str | None:
+    """What llama.cpp's graph uses for a GGUF without ``expert_gating_func`` (deepseek2.cpp's GLM-4.7-Lite case:
+    47 or 48 layers and a 154,880-token vocabulary are sigmoid)."""
+    if arch == "deepseek2":
+        tokens = reader.fields.get("tokenizer.ggml.tokens")
+        vocab = len(tokens.data) if tokens is not None else gguf_value(reader, "deepseek2.vocab_size")
+        if gguf_value(reader, "deepseek2.block_count") in (47, 48) and vocab == 154880:
+            return "sigmoid"
+    return _GGUF_DEFAULT_GATING.get(arch)
 
 
 def _cfg(config: dict, *keys: str) -> Any:
@@ -56,6 +78,17 @@ def _rope(config: dict) -> dict:
     src = rs if rs else rp
     return {"theta": theta, "type": "none" if kind == "default" else kind, "factor": src.get("factor"),
             "orig": src.get("original_max_position_embeddings")}
+
+
+def _rotary_dims(config: dict) -> int | None:
+    """How many dimensions of a head the reference rotates: DeepSeek's ``qk_rope_head_dim``, else the head size
+    times ``partial_rotary_factor`` (top level or in ``rope_parameters``)."""
+    if config.get("qk_rope_head_dim") is not None:
+        return int(config["qk_rope_head_dim"])
+    heads = config.get("num_attention_heads")
+    head = config.get("head_dim") or (config["hidden_size"] // heads if heads and config.get("hidden_size") else None)
+    factor = config.get("partial_rotary_factor") or (config.get("rope_parameters") or {}).get("partial_rotary_factor") or 1.0
+    return int(head * factor) if head else None
 
 
 def _same(a: Any, b: Any) -> bool:
@@ -93,16 +126,17 @@ def check_gguf_metadata(reader, arch: str, config: dict, where: str | Path) -> N
             disagree(k, gv, absent, ck, rv, hint)
 
     experts = _cfg(config, "n_routed_experts", "num_experts", "num_local_experts")
-    if experts:
+    if experts and arch in _GGUF_DEFAULT_GATING:
         k = key(Keys.LLM.EXPERT_GATING_FUNC)
         raw = gguf_value(reader, k)
-        gating = _GATING.get(raw, str(raw)) if raw is not None else _GGUF_DEFAULT_GATING.get(arch)
+        gating = _GATING.get(raw, str(raw)) if raw is not None else _default_gating(reader, arch)
         ref = config.get("scoring_func") or _DEFAULT_SCORING.get(str(config.get("model_type")))
         if gating is not None and ref is not None and gating != ref:
             disagree(k, gating, raw is None, "scoring_func",
                      ref if config.get("scoring_func") else f"{ref} ({config.get('model_type')}'s default)",
                      "reconvert with the reference's scoring_func in config.json (llama.cpp's converter falls back "
                      "to softmax when it is missing)")
+    if experts:
         compare(Keys.LLM.EXPERT_COUNT, ("n_routed_experts", "num_experts", "num_local_experts"))
         compare(Keys.LLM.EXPERT_USED_COUNT, ("num_experts_per_tok",))
         compare(Keys.LLM.EXPERT_SHARED_COUNT, ("n_shared_experts",))
@@ -111,8 +145,30 @@ def check_gguf_metadata(reader, arch: str, config: dict, where: str | Path) -> N
         compare(Keys.LLM.EXPERT_WEIGHTS_NORM, ("norm_topk_prob",))
         compare(Keys.LLM.EXPERT_WEIGHTS_SCALE, ("routed_scaling_factor",))
         compare(Keys.LLM.LEADING_DENSE_BLOCK_COUNT, ("first_k_dense_replace",))
+    norm = config.get("norm_topk_prob")
+    if experts and arch in _FIXED_NORM and norm is not None and bool(norm) != _FIXED_NORM[arch]:
+        disagree(f"{arch} top-k weights normalised", f"{_FIXED_NORM[arch]} (fixed in llama.cpp's graph)", False,
+                 "norm_topk_prob", bool(norm))
+    k = key(Keys.LLM.BLOCK_COUNT)
+    gv, layers = gguf_value(reader, k), config.get("num_hidden_layers")
+    nextn = gguf_value(reader, key(Keys.LLM.NEXTN_PREDICT_LAYERS)) or 0  # glm4moe counts its MTP blocks too
+    if gv is not None and layers is not None and gv != int(layers) + nextn:
+        disagree(k, gv, False, "num_hidden_layers" + (f" + {nextn} MTP" if nextn else ""), int(layers) + nextn)
     compare(Keys.Attention.LAYERNORM_RMS_EPS, ("rms_norm_eps",))
     compare(Keys.Attention.HEAD_COUNT, ("num_attention_heads",))
+    types = config.get("layer_types")
+    used = config.get("use_sliding_window") is not False and (types is None or "sliding_attention" in types)
+    window = config.get("sliding_window") if used else None  # Qwen's and Dots1's configs carry a window no layer uses
+    k = key(Keys.Attention.SLIDING_WINDOW)
+    gv = gguf_value(reader, k)
+    if window and (gv is None or int(gv) != int(window)):  # absent: llama.cpp attends to the whole context
+        disagree(k, gv if gv is not None else "none", gv is None, "sliding_window", window)
+    if arch == "deepseek2" and config.get("rope_interleave") is False:
+        disagree("deepseek2 rope", "interleaved pairs (llama.cpp's rope type NORM)", False, "rope_interleave", False)
+    k = key(Keys.Rope.DIMENSION_COUNT)
+    gv, rot = gguf_value(reader, k), _rotary_dims(config)
+    if gv is not None and rot is not None and gv != rot:
+        disagree(k, gv, False, "rotary dimensions", rot)
     rope = _rope(config)
     k = key(Keys.Rope.FREQ_BASE)
     gv = gguf_value(reader, k)

@@ -20,10 +20,9 @@ the same network, and shape checks against it name the offending tensor. The ref
   :class:`Checkpoint` (bounded); a logical tensor is planned from the headers alone, so its shape is
   known before any byte is read. gpt-oss stores experts ``[E, out, in]`` as blocks, transformers holds
   them transposed (``[E, in, out]``), so decoded gpt-oss expert tensors are transposed back.
-* :class:`GGUFCheckpoint` -- a llama.cpp GGUF file. Names and llama.cpp's per-architecture rewrites are
-  undone with transformers' own GGUF loader pieces (``get_gguf_hf_weights_map`` for the name map,
-  its ``TENSOR_PROCESSORS`` for the Q/K permutation of llama and the gate/up merge of MoE experts),
-  but tensor by tensor from gguf-py's memory map (never the whole file).
+* :class:`~fideval.model.gguf_checkpoint.GGUFCheckpoint` -- a llama.cpp GGUF file, in its own module: names
+  mapped with gguf-py's tables, the converter's rewrites (Q/K permutation, stacked and fused experts, DeepSeek's
+  kv_b split) undone in :mod:`fideval.model.gguf_names`, metadata checked by :mod:`fideval.model.gguf_meta`.
 """
 
 from __future__ import annotations
@@ -38,6 +37,7 @@ import torch
 
 from fideval.errors import FidevalError
 from fideval.model.checkpoint import Checkpoint, TensorInfo
+from fideval.model.gguf_checkpoint import GGUFCheckpoint  # noqa: F401  (re-exported: the GGUF reader lives there)
 
 # quantization_config.quant_method values we decode, and compressed-tensors' formats among them
 QUANT_METHODS = ("compressed-tensors", "fp8", "mxfp4", "modelopt")
@@ -243,150 +243,6 @@ def _deliver(t: torch.Tensor, key: str, where, pin: bool, out: torch.Tensor | No
     return t.pin_memory() if pin and torch.cuda.is_available() else t
 
 
-# ---------------------------------------------------------------------------------------------------------
-# GGUF
-
-# llama.cpp architecture -> the HF architecture it must be a build of (transformers 5.24 maps these names)
-GGUF_ARCHS = {"llama": "LlamaForCausalLM", "qwen2": "Qwen2ForCausalLM", "qwen3": "Qwen3ForCausalLM",
-              "qwen3moe": "Qwen3MoeForCausalLM"}
-# builds whose metadata is checked against the reference although fideval cannot run them as candidates yet
-_GGUF_METADATA_ONLY = {"DeepseekV3ForCausalLM": ("deepseek2",), "DeepseekV2ForCausalLM": ("deepseek2",)}
-# tensors llama.cpp adds that are no parameter of the HF model (rope frequency factors are in config.json)
-_GGUF_IGNORED = re.compile(r"^(rope_freqs|rope_factors_long|rope_factors_short)\.weight$")
-
-
-@dataclass(frozen=True)
-class GGUFLogical:
-    shape: tuple[int, ...]
-    dtype: torch.dtype
-    parts: tuple[str, ...]  # GGUF tensor names, file order
-
-
-class GGUFCheckpoint:
-    """A llama.cpp GGUF file read as the reference model's Hugging Face float32 tensors, tensor by tensor."""
-
-    release = None
-
-    def __init__(self, gguf_path: str | Path, reference_dir: str | Path):
-        from fideval.model.gguf_meta import check_gguf_metadata
-        from fideval.quant.gguf_file import _reader
-
-        self.dir = Path(gguf_path)
-        self.config_dir = Path(reference_dir)
-        self.config_dict = _reference_config(self.config_dir)
-        self.reader = _reader(self.dir)
-        f = self.reader.fields.get("general.architecture")
-        arch = bytes(f.parts[-1]).decode("utf-8", "replace") if f is not None else None
-        hf_arch = (self.config_dict.get("architectures") or [None])[0]
-        if arch in GGUF_ARCHS and GGUF_ARCHS[arch] == hf_arch or arch in _GGUF_METADATA_ONLY.get(hf_arch, ()):
-            # what llama.cpp computes from the metadata, before the names and shapes (gguf_meta.py)
-            check_gguf_metadata(self.reader, arch, self.config_dict, self.dir)
-        if arch not in GGUF_ARCHS:
-            raise FidevalError(f"{self.dir}: GGUF architecture {arch!r} is not supported",
-                               hint=f"supported: {', '.join(sorted(GGUF_ARCHS))}")
-        if GGUF_ARCHS[arch] != hf_arch:
-            raise FidevalError(f"{self.dir}: GGUF architecture {arch!r} is not a build of the reference's {hf_arch!r}",
-                               hint="model.path must be the model the GGUF was converted from")
-        self.arch = arch
-        self.types: dict[str, str] = {}
-        self._tensors = {t.name: t for t in self.reader.tensors}
-        self.name_map, expected = self._hf_map()
-        sources: dict[str, list[str]] = {}
-        for t in self.reader.tensors:
-            hf = self.name_map.get(t.name) or self.name_map.get(t.name.removesuffix(".weight"))
-            if hf is None:
-                if _GGUF_IGNORED.match(t.name):
-                    continue
-                raise FidevalError(f"{self.dir}: GGUF tensor {t.name!r} does not map onto {hf_arch} (no Hugging Face parameter)",
-                                   hint="the GGUF was converted from another architecture or a newer llama.cpp")
-            sources.setdefault(hf, []).append(t.name)
-            self.types[t.name] = t.tensor_type.name
-        self.logical: dict[str, GGUFLogical] = {}
-        for hf, names in sources.items():
-            shapes = [self._np_shape(n) for n in names]
-            shape = shapes[0] if len(shapes) == 1 else (shapes[0][0], sum(s[1] for s in shapes), *shapes[0][2:])
-            want = expected.get(hf)
-            if want is not None and tuple(want) != shape:
-                raise FidevalError(f"{self.dir}: GGUF tensor {names[0]!r} (-> {hf}) has shape {list(shape)}, the reference "
-                                   f"config implies {list(want)}", hint="the GGUF is not a build of the reference model")
-            self.logical[hf] = GGUFLogical(shape, torch.float32, tuple(names))
-        tied = bool(self.config_dict.get("tie_word_embeddings", False))
-        inverse = {v: k for k, v in self.name_map.items()}
-        for hf in expected:
-            if hf not in self.logical and not (tied and hf == "lm_head.weight"):
-                raise FidevalError(f"{self.dir}: no GGUF tensor for {hf} (llama.cpp name {inverse.get(hf, '?')!r})",
-                                   hint="the GGUF is incomplete or not a build of the reference model")
-
-    def _np_shape(self, name: str) -> tuple[int, ...]:
-        return tuple(int(d) for d in reversed(list(self._tensors[name].shape)))
-
-    def _hf_map(self) -> tuple[dict[str, str], dict[str, tuple[int, ...]]]:
-        """transformers' GGUF -> HF name map, built on a meta-device model of the reference config, and the
-        model's parameter shapes (what every GGUF tensor must decode to)."""
-        from transformers import AutoConfig, AutoModelForCausalLM
-        from transformers.modeling_gguf_pytorch_utils import TENSOR_PROCESSORS, TensorProcessor, get_gguf_hf_weights_map
-
-        config = AutoConfig.from_pretrained(str(self.config_dir))
-        with torch.device("meta"):
-            model = AutoModelForCausalLM.from_config(config)
-        self.processor = TENSOR_PROCESSORS.get(self.arch, TensorProcessor)(config=dict(self.config_dict))
-        try:
-            name_map = get_gguf_hf_weights_map(model, self.processor)
-        except NotImplementedError as e:
-            raise FidevalError(f"{self.dir}: transformers cannot map GGUF names for {self.arch!r} ({str(e)[:100]})",
-                               hint="update gguf / transformers") from None
-        expected = {k: tuple(v.shape) for k, v in model.state_dict().items() if v.is_floating_point()}
-        return name_map, expected
-
-    def __contains__(self, key: str) -> bool:
-        return key in self.logical
-
-    def keys_with_prefix(self, prefix: str) -> list[str]:
-        return [k for k in self.logical if k.startswith(prefix)]
-
-    def info(self, key: str) -> GGUFLogical:
-        try:
-            return self.logical[key]
-        except KeyError:
-            raise FidevalError(f"{self.dir}: no GGUF tensor maps to {key!r}",
-                               hint="the GGUF is incomplete or not a build of the reference model") from None
-
-    def read(self, key: str, rows: tuple[int, int] | None = None, pin: bool = False,
-             out: torch.Tensor | None = None) -> torch.Tensor:
-        """Dequantize (gguf-py) the GGUF tensor(s) of ``key`` and undo llama.cpp's rewrite with transformers'
-        tensor processor (Q/K permutation, gate+up merge); the whole tensor, then rows ``[lo, hi)``."""
-        import numpy as np
-
-        from fideval.quant.gguf_formats import gguf_dequantize
-
-        e = self.info(key)
-        parsed: dict = {"tensors": {}}
-        t = None
-        for name in e.parts:
-            g = self._tensors[name]
-            w = gguf_dequantize(g.data, g.tensor_type, self._np_shape(name)).numpy()
-            res = self.processor.process(weights=w, name=name, tensor_key_mapping=self.name_map, parsed_parameters=parsed)
-            if res.name is not None:
-                t = torch.from_numpy(np.ascontiguousarray(res.weights, dtype=np.float32))
-        if t is None:
-            t = parsed["tensors"].get(key)
-        if t is None or tuple(t.shape) != e.shape:
-            raise FidevalError(f"{self.dir}: GGUF tensor(s) {list(e.parts)} did not decode to {key} of shape {list(e.shape)}",
-                               hint="the GGUF is not a build of the reference model")
-        t = t.float()
-        if rows is not None:
-            lo, hi = rows
-            if not 0 <= lo <= hi <= e.shape[0]:
-                raise FidevalError(f"{self.dir}: tensor {key!r} of shape {list(e.shape)} has no rows {lo}..{hi}")
-            t = t[lo:hi]
-        return _deliver(t, key, self.dir, pin, out)
-
-    def quantized_classes(self) -> set[str]:
-        from fideval.quant.gguf_file import gguf_module_class_of
-
-        return {c for n, ty in self.types.items() if ty not in ("F32", "F16", "BF16", "F64") and (c := gguf_module_class_of(n))}
-
-
 def open_real(path: str | Path, reference_dir: str | Path):
     """The checkpoint object for a real build: a ``.gguf`` file or a (quantized) safetensors folder."""
     p = Path(path)
@@ -397,3 +253,4 @@ def open_real(path: str | Path, reference_dir: str | Path):
     if not p.exists():
         raise FidevalError(f"candidate checkpoint {p} not found", hint="give a .gguf file or a safetensors folder")
     raise FidevalError(f"candidate checkpoint {p}: neither a .gguf file nor a folder", hint="give a .gguf file or a safetensors folder")
+
