@@ -167,6 +167,7 @@ def test_earlier_positions_equal_vendor_forward_on_prefixes(models, monkeypatch)
             agree += 1
             err = float((full[0, k - 1] - ref).abs().max())
             assert err <= 1e-5 * float(ref.abs().max()), (k, err)
+    print(f"\nprefixes whose top-k selections agree: {agree}/{L}")
     assert agree >= L - 4, agree
 
 
@@ -198,26 +199,32 @@ def test_transformers_parity_measured(models, kind, max_d, kld):
     assert d > 0.1  # the fp8 round trips are real: a vanished gap would mean they no longer run
 
 
-def test_transformers_parity_without_fp8_rounding(models, monkeypatch):
-    """With the E4M3 cast of the vendor's act_quant (KV round trip, indexer q/k) and its fp8 key cache
-    replaced by float32 (test-only), the vendor's code and transformers agree on every position, top-k
-    included: the whole gap above is the vendor's deliberate fp8 simulation."""
-    d = _driver(models["float32"], torch.float32)
+def _act_quant_exact(x, block_size=128, scale_fmt=None):
+    """The vendor's act_quant without its E4M3 cast (test-only): the scaled values stay float32."""
+    g = x.reshape(-1, x.size(-1) // 128, 128).float()
+    amax = g.abs().amax(-1).clamp_min(1e-4)
+    s = kernels_v32.round_scale(amax) if scale_fmt is not None else amax / 448
+    return (g / s[..., None]).view(x.shape), s.view(*x.shape[:-1], -1)
 
-    def act_quant_exact(x, block_size=128, scale_fmt=None):
-        g = x.reshape(-1, x.size(-1) // 128, 128).float()
-        amax = g.abs().amax(-1).clamp_min(1e-4)
-        s = kernels_v32.round_scale(amax) if scale_fmt is not None else amax / 448
-        return (g / s[..., None]).view(x.shape), s.view(*x.shape[:-1], -1)
 
-    monkeypatch.setattr(d.m, "act_quant", act_quant_exact)
+def without_fp8_rounding(d, setattr_=setattr):
+    """Test-only: no E4M3 rounding in the vendor's KV round trip and indexer (act_quant, the fp8 key cache)."""
+    setattr_(d.m, "act_quant", _act_quant_exact)
     reset = d.reset_caches
 
     def float_cache(block, bsz, length):
         reset(block, bsz, length)
         block.attn.indexer.k_cache = torch.zeros(bsz, length, 128)
 
-    monkeypatch.setattr(d, "reset_caches", float_cache)
+    setattr_(d, "reset_caches", float_cache)
+
+
+def test_transformers_parity_without_fp8_rounding(models, monkeypatch):
+    """With the E4M3 cast of the vendor's act_quant (KV round trip, indexer q/k) and its fp8 key cache
+    replaced by float32 (test-only), the vendor's code and transformers agree on every position, top-k
+    included: the whole gap above is the vendor's deliberate fp8 simulation."""
+    d = _driver(models["float32"], torch.float32)
+    without_fp8_rounding(d, monkeypatch.setattr)
     toks = _tokens(n=4, length=64)
     diff, kld = _compare(_run(d, toks), _hf_logits(models["float32"], torch.float32, toks))
     print(f"\nfloat32 without fp8 rounding: max|d logit| {diff:.3g}, mean KLD {kld:.3g}")
@@ -268,7 +275,7 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
-def _worker(rank: int, world: int, port: int, folder: str, toks: torch.Tensor, out: str) -> None:
+def _worker(rank: int, world: int, port: int, folder: str, toks: torch.Tensor, out: str, exact: bool) -> None:
     import torch.distributed as dist
 
     sys.path.insert(0, os.path.dirname(__file__))
@@ -279,6 +286,8 @@ def _worker(rank: int, world: int, port: int, folder: str, toks: torch.Tensor, o
         from pathlib import Path
 
         d = _driver(Path(folder), torch.float32, rank=rank, world=world, group=dist.group.WORLD)
+        if exact:
+            without_fp8_rounding(d)
         logits = _run(d, toks)
         np.save(f"{out}/r{rank}.npy", logits.numpy())
         np.save(f"{out}/v{rank}.npy", d.vendor_logits(toks).numpy())
@@ -287,22 +296,27 @@ def _worker(rank: int, world: int, port: int, folder: str, toks: torch.Tensor, o
 
 
 @pytest.mark.slow
-def test_model_parallel_2_matches_1(models, tmp_path):
-    """N = 2 on gloo: every rank's gathered logits equal the vendor's own N = 2 forward at the last position,
-    and N = 1's wherever the float32 reassociation of the expert/row-parallel sums leaves top-k alone."""
+@pytest.mark.parametrize("exact", [False, True], ids=["as-vendor", "without-fp8-rounding"])
+def test_model_parallel_2_matches_1(models, tmp_path, monkeypatch, exact):
+    """N = 2 on gloo: both ranks' gathered logits are identical and equal the vendor's own N = 2 forward at the
+    last position. Against N = 1: the row-parallel and expert sums reassociate (~1e-6), which the vendor's
+    E4M3 KV round trip turns into a flipped fp8 rounding on some positions (measured max |d| 1.4e-3, no top-k
+    change); without that rounding (test-only) every position agrees to float32 reassociation."""
     import torch.multiprocessing as mp
 
     toks = _tokens()
-    one = _run(_driver(models["float32"], torch.float32), toks).numpy()
-    if os.environ.get("FIDEVAL_SKIP_SPAWN"):
-        pytest.skip("FIDEVAL_SKIP_SPAWN")
-    mp.start_processes(_worker, args=(2, _free_port(), str(models["float32"]), toks, str(tmp_path)),
-                       nprocs=2, join=True, start_method="fork")
+    d1 = _driver(models["float32"], torch.float32)
+    if exact:
+        without_fp8_rounding(d1, monkeypatch.setattr)
+    one = _run(d1, toks).numpy()
+    mp.start_processes(_worker, args=(2, _free_port(), str(models["float32"]), toks, str(tmp_path), exact),
+                       nprocs=2, join=True, start_method="spawn")  # fork would inherit this process's group
     r0, r1 = np.load(tmp_path / "r0.npy"), np.load(tmp_path / "r1.npy")
     assert np.array_equal(r0, r1)
     v0 = np.load(tmp_path / "v0.npy")
     assert np.abs(r0[:, -1] - v0).max() <= 1e-6 * np.abs(v0).max()
     per_pos = np.abs(r0 - one).max(axis=(0, 2))
-    print(f"\nN=2 vs N=1: max|d| per position {per_pos.max():.3g}, positions within 1e-5: {(per_pos < 1e-5).sum()}/{L}")
-    assert (per_pos[:CONFIG["index_topk"]] < 1e-5).all()
-    assert (per_pos < 1e-5).sum() >= L - 4
+    print(f"\nN=2 vs N=1 ({'without fp8 rounding' if exact else 'as the vendor runs'}): max|d| {per_pos.max():.3g}, "
+          f"positions within 1e-5: {(per_pos < 1e-5).sum()}/{L}")
+    assert per_pos.max() < (1e-5 if exact else 1e-2)
+    assert (per_pos < 1e-5).sum() >= (L if exact else 5)
