@@ -320,3 +320,74 @@ def test_model_parallel_2_matches_1(models, tmp_path, monkeypatch, exact):
           f"positions within 1e-5: {(per_pos < 1e-5).sum()}/{L}")
     assert per_pos.max() < (1e-5 if exact else 1e-2)
     assert (per_pos < 1e-5).sum() >= (L if exact else 5)
+
+
+def _rewrite(src, dst, fn):
+    """A copy of model ``src`` whose tensors are ``fn(name, tensor, tensors)`` (None: dropped)."""
+    import shutil
+
+    from safetensors.torch import load_file, save_file
+
+    shutil.copytree(src, dst, symlinks=True)
+    sd = load_file(str(src / "model.safetensors"))
+    out = {k: fn(k, v, sd) for k, v in sd.items()}
+    save_file({k: v.contiguous() for k, v in out.items() if v is not None}, str(dst / "model.safetensors"))
+    return dst
+
+
+@pytest.mark.parametrize("kind", ["bfloat16", "fp8"])
+def test_weight_transform_reaches_vendor_experts(models, tmp_path, kind):
+    """A quant spec's weight_transform on the routed experts equals the same transform applied to the release's
+    tensors on disk (FP8: to their dequantized values); classes it leaves alone stay as released (FP8 kept)."""
+    from fideval.quant.fp8 import dequant_blocks
+
+    def q(x):  # a 4-bit-ish grid on the routed experts: a change the logits must show
+        return (x.float() * 8).round() / 8
+
+    seen = []
+
+    def wt(cls_, name, t):
+        seen.append((cls_, name))
+        return q(t) if cls_ == "routed_experts" else t
+
+    def on_disk(name, t, sd):
+        if ".mlp.experts." not in name:
+            return t
+        if name.endswith("_scale_inv"):
+            return None
+        if t.dtype == torch.float8_e4m3fn:
+            t = dequant_blocks(t, sd[name + "_scale_inv"], (128, 128), torch.float32)
+        return q(t).to(torch.bfloat16)
+
+    toks = _tokens()
+    ours = _run(_driver(models[kind], torch.bfloat16, weight_transform=wt), toks)
+    ref = _run(_driver(_rewrite(models[kind], tmp_path / "q", on_disk), torch.bfloat16), toks)
+    assert torch.equal(ours, ref)
+    assert not torch.equal(ours, _run(_driver(models[kind], torch.bfloat16), toks))
+    classes = {c for c, _ in seen}
+    assert classes == {"attention", "dense_mlp", "shared_experts", "routed_experts", "lm_head"}
+    assert ("attention", "model.layers.0.self_attn.indexer.wk.weight") in seen
+    d = _driver(models[kind], torch.bfloat16, weight_transform=wt)
+    attn = d.load_layer(1).attn
+    assert (attn.wq_a.weight.dtype == torch.float8_e4m3fn) == (kind == "fp8")  # untouched: as released
+    assert d.load_layer(1).ffn.experts[0].w1.weight.dtype == torch.bfloat16 and d.load_layer(1).ffn.experts[0].w1.scale is None
+
+
+def test_act_transform_reaches_vendor_linears_by_class(models, tmp_path):
+    """act_transform by module class on the vendor's linears: zeroing the routed experts' inputs equals a release
+    whose routed experts are zero; the attention hook sees exactly the MLA and indexer projections."""
+    hooked = []
+
+    def record(x):
+        hooked.append(tuple(x.shape))
+        return x
+
+    toks = _tokens()
+    d = _driver(models["bfloat16"], torch.bfloat16, act_transform={"routed_experts": torch.zeros_like, "attention": record})
+    ours = _run(d, toks)
+    zero = _rewrite(models["bfloat16"], tmp_path / "z", lambda n, t, sd: t * 0 if ".mlp.experts." in n else t)
+    assert torch.equal(ours, _run(_driver(zero, torch.bfloat16), toks))
+    # per layer: wq_a, wkv_a (x), wq_b (qr), wkv_b (kv), wo, indexer wq_b (qr), wk (x), weights_proj (x)
+    assert len(hooked) == 8 * CONFIG["num_hidden_layers"]
+    with pytest.raises(KeyError):
+        to_hf("layers.0.attn.nothing.weight")
