@@ -244,6 +244,7 @@ class DeepseekV32Driver:
         block = self._build(lambda: self.m.Block(i, self.args))
         self._fill(block, f"layers.{i}.")
         self._hooks(block, f"layers.{i}.")
+        self.reset_caches(block, 0, 0)  # no meta buffers left: the module can be moved; forward_layer sizes them
         return block.eval()
 
     def _top_module(self, name: str) -> torch.nn.Module:
