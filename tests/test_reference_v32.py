@@ -394,3 +394,63 @@ def test_act_transform_reaches_vendor_linears_by_class(models, tmp_path):
     assert len(hooked) == 8 * CONFIG["num_hidden_layers"]
     with pytest.raises(KeyError):
         to_hf("layers.0.attn.nothing.weight")
+
+
+# the released DeepSeek-V3.2-Exp config.json (HF names), as far as the vendor's ModelArgs reads it
+RELEASE = dict(
+    model_type="deepseek_v32", vocab_size=129280, hidden_size=7168, intermediate_size=18432, moe_intermediate_size=2048,
+    num_hidden_layers=61, first_k_dense_replace=3, moe_layer_freq=1, num_attention_heads=128, num_key_value_heads=128,
+    n_routed_experts=256, n_shared_experts=1, num_experts_per_tok=8, n_group=8, topk_group=4, topk_method="noaux_tc",
+    scoring_func="sigmoid", norm_topk_prob=True, routed_scaling_factor=2.5, q_lora_rank=1536, kv_lora_rank=512,
+    qk_nope_head_dim=128, qk_rope_head_dim=64, v_head_dim=128, index_n_heads=64, index_head_dim=128, index_topk=2048,
+    hidden_act="silu", rms_norm_eps=1e-6, rope_theta=10000, max_position_embeddings=163840, tie_word_embeddings=False,
+    rope_scaling={"type": "yarn", "factor": 40, "original_max_position_embeddings": 4096, "beta_fast": 32,
+                  "beta_slow": 1, "mscale": 1.0, "mscale_all_dim": 1.0},
+    quantization_config={"quant_method": "fp8", "fmt": "e4m3", "activation_scheme": "dynamic",
+                         "weight_block_size": [128, 128], "scale_fmt": "ue8m0"},
+)
+
+
+def test_release_config_maps_to_the_vendors_own_config_json():
+    """The release's HF config.json gives the ModelArgs the vendor's generate.py builds from its
+    config_671B_v3.2.json (max_seq_len aside: both switch YaRN on), and model parallel 1..8 is accepted."""
+    import dataclasses
+    import json
+
+    from fideval.model.reference.deepseek_v32_args import check_world, model_args
+
+    code = load_vendor_code(VENDOR, trust=True, stand_ins=STAND_INS, prefer_vendor=False)
+    ours = model_args(code.model, RELEASE, fp8=True)
+    theirs = code.model.ModelArgs(**json.loads((VENDOR / "config_671B_v3.2.json").read_text()))
+    skip = {"max_seq_len", "max_batch_size"}
+    assert {f.name: getattr(ours, f.name) for f in dataclasses.fields(ours) if f.name not in skip} == \
+        {f.name: getattr(theirs, f.name) for f in dataclasses.fields(theirs) if f.name not in skip}
+    assert (ours.max_seq_len > ours.original_seq_len) and (theirs.max_seq_len > theirs.original_seq_len)
+    for world in (1, 2, 4, 8):
+        check_world(ours, world, fp8=True)
+    with pytest.raises(FidevalError, match="not divisible"):
+        check_world(ours, 3, fp8=True)
+
+
+def test_registry_and_prefetch_thread(models):
+    """The registry picks this driver for the release's model_type and for the vendor module's own shape; a
+    layer built on another thread while one computes (the runner's prefetch) gives the same logits."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    from fideval.model.reference.driver import driver_class, family_of
+
+    code = load_vendor_code(VENDOR, trust=True, stand_ins=STAND_INS, prefer_vendor=False)
+    assert family_of(RELEASE, code.model) == family_of({}, code.model) == "deepseek-v3.2"
+    assert driver_class("deepseek-v3.2") is DeepseekV32Driver
+    d = _driver(models["fp8"], torch.bfloat16)
+    toks = _tokens()
+    want = _run(d, toks)
+    with ThreadPoolExecutor(1) as pool:
+        state, nxt = d.begin(toks), pool.submit(d.load_layer, 0)
+        for i in range(d.n_layers):
+            layer = nxt.result()
+            if i + 1 < d.n_layers:
+                nxt = pool.submit(d.load_layer, i + 1)
+            state = d.forward_layer(i, layer, state)
+    assert torch.equal(d.finish(state), want)
+    assert torch.get_default_dtype() == torch.float32  # restored after the driver's calls
