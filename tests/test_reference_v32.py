@@ -299,12 +299,14 @@ def _worker(rank: int, world: int, port: int, folder: str, toks: torch.Tensor, o
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("exact", [False, True], ids=["as-vendor", "without-fp8-rounding"])
-def test_model_parallel_2_matches_1(models, tmp_path, monkeypatch, exact):
-    """N = 2 on gloo: both ranks' gathered logits are identical and equal the vendor's own N = 2 forward at the
-    last position. Against N = 1: the row-parallel and expert sums reassociate (~1e-6), which the vendor's
-    E4M3 KV round trip turns into a flipped fp8 rounding on some positions (measured max |d| 1.4e-3, no top-k
-    change); without that rounding (test-only) every position agrees to float32 reassociation."""
+@pytest.mark.parametrize("world,exact", [(2, False), (2, True), (4, False)],
+                         ids=["N2-as-vendor", "N2-without-fp8-rounding", "N4-as-vendor"])
+def test_model_parallel_matches_1(models, tmp_path, monkeypatch, exact, world):
+    """N = 2 and 4 on gloo: all ranks' gathered logits are identical and equal the vendor's own N-rank forward
+    at the last position. Against N = 1: the row-parallel and expert sums reassociate (~1e-6), which the vendor's
+    E4M3 KV round trip can turn into a flipped fp8 rounding on some positions (measured N = 2: max |d| 1.4e-3,
+    no top-k change; N = 4: 3.7e-6); without that rounding (test-only) every position agrees to float32
+    reassociation."""
     import torch.multiprocessing as mp
 
     toks = _tokens()
@@ -312,14 +314,14 @@ def test_model_parallel_2_matches_1(models, tmp_path, monkeypatch, exact):
     if exact:
         without_fp8_rounding(d1, monkeypatch.setattr)
     one = _run(d1, toks).numpy()
-    mp.start_processes(_worker, args=(2, _free_port(), str(models["float32"]), toks, str(tmp_path), exact),
-                       nprocs=2, join=True, start_method="spawn")  # fork would inherit this process's group
-    r0, r1 = np.load(tmp_path / "r0.npy"), np.load(tmp_path / "r1.npy")
-    assert np.array_equal(r0, r1)
+    mp.start_processes(_worker, args=(world, _free_port(), str(models["float32"]), toks, str(tmp_path), exact),
+                       nprocs=world, join=True, start_method="spawn")  # fork would inherit this process's group
+    r0 = np.load(tmp_path / "r0.npy")
+    assert all(np.array_equal(r0, np.load(tmp_path / f"r{r}.npy")) for r in range(1, world))
     v0 = np.load(tmp_path / "v0.npy")
     assert np.abs(r0[:, -1] - v0).max() <= 1e-6 * np.abs(v0).max()
     per_pos = np.abs(r0 - one).max(axis=(0, 2))
-    print(f"\nN=2 vs N=1 ({'without fp8 rounding' if exact else 'as the vendor runs'}): max|d| {per_pos.max():.3g}, "
+    print(f"\nN={world} vs N=1 ({'without fp8 rounding' if exact else 'as the vendor runs'}): max|d| {per_pos.max():.3g}, "
           f"positions within 1e-5: {(per_pos < 1e-5).sum()}/{L}")
     assert per_pos.max() < (1e-5 if exact else 1e-2)
     assert (per_pos < 1e-5).sum() >= (L if exact else 5)
