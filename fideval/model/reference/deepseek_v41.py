@@ -134,15 +134,15 @@ class DeepseekV41Driver:
         if dtype not in (None, torch.bfloat16):
             raise FidevalError(f"the DeepSeek-V4.1 reference code computes in bfloat16 only, not {dtype}",
                                hint="set model.dtype: bfloat16 for the reference backend (its kernels take bf16 activations)")
+        self.code, self.m, self.weights = code, code.model, weights
+        self.rank, self.world, self.device = rank, world, torch.device(device)
+        self.args = model_args(self.m, config, world)
         if world > 1:
             import torch.distributed as dist
 
             if not dist.is_initialized() or dist.get_world_size() != world or (group not in (None, dist.group.WORLD)):
                 raise FidevalError(f"world size {world} needs the default process group of {world} ranks",
                                    hint="the vendor's collectives use the default group; start with torchrun")
-        self.code, self.m, self.weights = code, code.model, weights
-        self.rank, self.world, self.device = rank, world, torch.device(device)
-        self.args = model_args(self.m, config, world)
         self.act = check_act_transform(act_transform)
         a, m = self.args, self.m
         m.world_size, m.rank = world, rank  # what Transformer.__init__ sets, before any module is built
