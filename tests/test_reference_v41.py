@@ -234,3 +234,60 @@ def test_model_parallel_2_matches_the_vendor_at_2(model, tokens, tmp_path):
     kld = (p.exp() * (p - q)).sum(-1).mean().item()
     print(f"N=2 vs N=1: max|dlogit| {(r0['logits'] - single).abs().max().item():.3g}, mean KLD {kld:.3g}")
     assert kld < 0.05
+
+
+class _Decoded:
+    """A real build's view of the checkpoint: FP8/FP4 linears decoded to float32, their scales gone (as a
+    quantized build's WeightSource returns them); ``scale_by`` perturbs one tensor so it is no longer FP4."""
+
+    def __init__(self, ck, scale_by: dict[str, float] | None = None):
+        self.ck, self.dir, self.config_dir, self.config_dict = ck, ck.dir, ck.config_dir, ck.config_dict
+        self.scale_by = scale_by or {}
+
+    def _quantized(self, key):
+        return (key.endswith(".weight") and ".engram.embed." not in key and key[:-6] + "scale" in self.ck
+                and self.ck.info(key).dtype in (torch.float8_e4m3fn, torch.int8))
+
+    def __contains__(self, key):
+        return key in self.ck and not (key.endswith(".scale") and self._quantized(key[:-5] + "weight"))
+
+    def info(self, key):
+        from types import SimpleNamespace
+
+        i = self.ck.info(key)
+        if not self._quantized(key):
+            return i
+        return SimpleNamespace(shape=(i.shape[0], i.shape[1] * (2 if i.dtype == torch.int8 else 1)), dtype=torch.float32)
+
+    def read(self, key, rows=None, pin=False, out=None):
+        from fideval.model.reference.deepseek_v41_weights import dequantize
+
+        t = self.ck.read(key)
+        if self._quantized(key):
+            w = t.view(torch.float4_e2m1fn_x2) if t.dtype == torch.int8 else t
+            t = dequantize(w, self.ck.read(key[:-6] + "scale")) * self.scale_by.get(key, 1.0)
+        return t if rows is None else t[rows[0]:rows[1]]
+
+
+def test_a_builds_decoded_weights_load_into_the_vendors_kernels(tokens, tmp_path_factory):
+    """Decoded FP4 experts and FP8 linears go back into the vendor's storage exactly (same logits, bit for
+    bit); a tensor that is no longer FP4 takes the bf16 F.linear path and still matches the vendor's forward."""
+    from fideval.model.checkpoint import Checkpoint
+    from fideval.model.reference.code import load_vendor_code
+    from fideval.model.reference.deepseek_v41 import DeepseekV41Driver
+
+    torch.set_num_threads(1)
+    folder = write_tiny_v41(tmp_path_factory.mktemp("v41dec") / "fp8", dtype="fp8")
+    ck, code = Checkpoint(folder), load_vendor_code(folder / "inference", trust=True)
+    toks = tokens[:, :14]
+    ref, _, _ = _run(DeepseekV41Driver(code, ck.config_dict, ck), toks)
+    d = DeepseekV41Driver(code, ck.config_dict, _Decoded(ck))
+    got, _, _ = _run(d, toks)
+    assert torch.equal(got, ref)
+    assert d.kernels["linears: routed_experts"] == "fp4_gemm (exact re-encoding)"
+    assert d.kernels["linears: attention"] == "fp8_gemm (exact re-encoding)"
+    off = DeepseekV41Driver(code, ck.config_dict, _Decoded(ck, {"layers.1.ffn.experts.0.w1.weight": 1.01}))
+    got, _, _ = _run(off, toks)
+    assert "F.linear in bfloat16" in off.kernels["linears: routed_experts"]
+    assert (got[:, -1] - off.vendor_logits(toks)).abs().max().item() <= BOUND
+    assert (got - ref).abs().max().item() > 0

@@ -158,12 +158,18 @@ class DeepseekV41Driver:
         self._build_layout = None if self.layout is None else dataclasses.replace(
             self.layout, num_embeddings=tuple(0 for _ in self.layout.num_embeddings))
         self.n_layers, self.vocab_size, self.hidden_size = a.n_layers, a.vocab_size, a.dim
-        self.kernels = {k: getattr(m, k).__module__.removeprefix(code.package + ".") for k in KERNELS if hasattr(m, k)}
-        self.kernels["bf16 linear"] = "torch.nn.functional.linear"
+        self._kernels = {k: getattr(m, k).__module__.removeprefix(code.package + ".") for k in KERNELS if hasattr(m, k)}
         self._keeps = _slot_keeps(a)
         self._last_engram = max((i for i in a.engram_layer_ids if i < a.n_layers), default=-1)
         self._embed = self._head = self._hash = None
         self._once = threading.Lock()
+
+    @property
+    def kernels(self) -> dict[str, str]:
+        """Vendor kernel -> the module that computed it (``kernel_cpu``: Tenstorrent's torch port; ``kernel``: the
+        vendor's tilelang), and per module class the path its transformed or decoded linears took so far."""
+        paths = {f"linears: {c}": ", ".join(sorted(p)) for c, p in sorted(self.loader.paths.items())}
+        return {**self._kernels, **paths}
 
     # -- per-sequence setup ----------------------------------------------------------------------------
     def begin(self, tokens: torch.Tensor) -> V41State:

@@ -20,8 +20,12 @@ Storage: FP8 e4m3 weights with E8M0 block scales (32x32) and FP4 e2m1 experts (t
 I8/U8 or F4, even element in the low nibble) with E8M0 scales per 32 inputs are loaded as the vendor stores
 them, so its own ``linear`` dispatches to its FP8/FP4 GEMMs with FP8 activations. A floating tensor where the
 vendor expects FP8/FP4 (a real build's decoded weights), or any weight a quant hook transforms (dequantized to
-float32 first, then transformed), is loaded as a bf16 weight with no scale: the vendor's ``linear`` then takes
-its ``F.linear`` path. Other tensors are cast to the vendor parameter's dtype, as its ``load_state_dict`` would.
+float32 first, then transformed), goes back into the vendor's storage when that holds it exactly (a decoded
+MXFP4 expert is FP4 values with power-of-two scales per 32: :func:`reencode`), so the vendor's own kernel
+computes it; otherwise it is loaded as a bf16 weight with no scale and the vendor's ``linear`` takes its
+``F.linear`` path (no FP8 activation quantization there: an act_transform supplies the build's).
+:attr:`Loader.paths` records which, per module class. Other tensors are cast to the vendor parameter's dtype,
+as its ``load_state_dict`` would.
 """
 
 from __future__ import annotations
@@ -107,6 +111,38 @@ def dequantize(weight: torch.Tensor, scale: torch.Tensor | None) -> torch.Tensor
     return weight.float()
 
 
+def _pow2_at_least(x: torch.Tensor) -> torch.Tensor:
+    """The smallest power of two >= x (the vendor's ue8m0 scale rule); 1 where x is 0."""
+    return torch.where(x > 0, torch.exp2(torch.ceil(torch.log2(x))), torch.ones_like(x))
+
+
+def reencode(dense: torch.Tensor, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor] | None:
+    """``dense`` [out, in] float32 in the vendor's storage (FP4 with per-32 E8M0 scales, or FP8 with 32x32 E8M0
+    blocks) when that holds it exactly, else None. A block of FP4 (FP8) values times any power of two is held
+    exactly with the smallest power-of-two scale that fits its largest value, so one rule finds it whenever
+    one exists: a decoded MXFP4 expert (or a power-of-two-scaled FP8 weight) goes back to the vendor's kernel."""
+    out, inp = dense.shape
+    if dtype == torch.float4_e2m1fn_x2 and inp % 32 == 0:
+        g = dense.unflatten(-1, (-1, 32))
+        s = _pow2_at_least(g.abs().amax(-1) / 6)
+        mag = (g / s[..., None]).abs()
+        idx = torch.searchsorted(_E2M1[:8].contiguous(), mag.contiguous()).clamp(max=7)
+        codes = (idx | (torch.signbit(g).long() << 3)).to(torch.uint8).flatten(-2)
+        q = (codes[..., 0::2] | (codes[..., 1::2] << 4)).contiguous().view(torch.float4_e2m1fn_x2)
+    elif dtype == torch.float8_e4m3fn:
+        pad = torch.zeros(-(-out // 32) * 32, -(-inp // 32) * 32)
+        pad[:out, :inp] = dense
+        s = _pow2_at_least(pad.unflatten(0, (-1, 32)).unflatten(2, (-1, 32)).abs().amax(dim=(1, 3)) / 448)
+        full = s.repeat_interleave(32, 0).repeat_interleave(32, 1)[:out, :inp]
+        q = (dense / full).to(torch.float8_e4m3fn)
+    else:
+        return None
+    if (s > 2.0**127).any() or (s < 2.0**-127).any():
+        return None
+    sc = s.to(torch.float8_e8m0fnu)
+    return (q, sc) if torch.equal(dequantize(q, sc), dense) else None
+
+
 class Loader:
     """Fills vendor modules from a :class:`WeightSource`: this rank's slice, storage format kept, hooks applied."""
 
@@ -114,6 +150,8 @@ class Loader:
                  weight_transform: Callable | None, linear_cls: type):
         self.weights, self.names, self.rank, self.world = weights, names, rank, world
         self.transform, self.linear_cls = weight_transform, linear_cls
+        self.paths: dict[str, set[str]] = {}  # module class -> how its transformed / decoded linears compute
+        self._kernel = {torch.float8_e4m3fn: "fp8_gemm", torch.float4_e2m1fn_x2: "fp4_gemm"}
 
     def key(self, vendor_name: str) -> str:
         key = self.names(vendor_name)
@@ -184,10 +222,16 @@ class Loader:
             dense = dequantize(q, sc)
         if transform is not None:
             dense = transform(cls, self.names(prefix + "weight"), dense)
+        exact = reencode(dense.float(), w.dtype) if w.dtype in QUANT else None
+        if exact is not None:  # the vendor's own FP8/FP4 GEMM, with its FP8 activations
+            w.data, s.data = exact
+            self.paths.setdefault(cls or "other", set()).add(f"{self._kernel[w.dtype]} (exact re-encoding)")
+            return
         keep = w.dtype if w.dtype not in QUANT else torch.bfloat16
         lin.weight = torch.nn.Parameter(dense.to(keep), requires_grad=False)  # no .scale: F.linear path
         if s is not None:
             lin.scale = None
+        self.paths.setdefault(cls or "other", set()).add(f"F.linear in {str(keep).removeprefix('torch.')}")
 
 
 def _as_stored(t: torch.Tensor, p: torch.Tensor, name: str) -> torch.Tensor:
