@@ -57,7 +57,7 @@ def _pow2_scale(amax: torch.Tensor, qmax: float) -> torch.Tensor:
 def fp8_blocks(w: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """float [out, in] -> (e4m3 [out, in], e8m0 [ceil(out/32), ceil(in/32)]): 32x32 blocks, power-of-two scales."""
     out, inp = w.shape
-    pad = torch.zeros(-(-out // 32) * 32, -(-inp // 32) * 32)
+    pad = torch.zeros(-(-out // 32) * 32, -(-inp // 32) * 32, dtype=torch.float32)
     pad[:out, :inp] = w
     blocks = pad.unflatten(0, (-1, 32)).unflatten(2, (-1, 32))  # [ob, 32, ib, 32]
     s = _pow2_scale(blocks.abs().amax(dim=(1, 3)), 448.0)

@@ -291,3 +291,23 @@ def test_a_builds_decoded_weights_load_into_the_vendors_kernels(tokens, tmp_path
     assert "F.linear in bfloat16" in off.kernels["linears: routed_experts"]
     assert (got[:, -1] - off.vendor_logits(toks)).abs().max().item() <= BOUND
     assert (got - ref).abs().max().item() > 0
+
+
+def test_prefetching_the_next_layer_on_a_thread_changes_nothing(model, tokens):
+    """The runner loads layer i+1 on a prefetch thread while layer i computes; two micro-batches share one
+    loaded layer. Same bits as one sequence at a time, and torch's default dtype is float32 again after."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    d = _driver(model)
+    alone = [_run(_driver(model), tokens[j:j + 1, :16])[0] for j in range(2)]
+    states = [d.begin(tokens[j:j + 1, :16]) for j in range(2)]
+    with ThreadPoolExecutor(1) as pool:
+        nxt = pool.submit(d.load_layer, 0)
+        for i in range(d.n_layers):
+            block = nxt.result()
+            if i + 1 < d.n_layers:
+                nxt = pool.submit(d.load_layer, i + 1)
+            states = [d.forward_layer(i, block, st) for st in states]
+    for j, st in enumerate(states):
+        assert torch.equal(d.finish(st), alone[j])
+    assert torch.get_default_dtype() == torch.float32

@@ -42,27 +42,24 @@ SLOTS = ("compress_kv", "index_k", "topk_idxs", "candidates")
 METADATA = {"architectures", "model_type", "torch_dtype", "dtype_", "transformers_version", "quantization_config",
             "auto_map", "tie_word_embeddings", "bos_token_id", "eos_token_id", "pad_token_id", "name_or_path"}
 
-_DT_LOCK = threading.Lock()
-_DT: list = [0, None]
+_VENDOR = threading.RLock()
 
 
 @contextmanager
 def vendor_dtype():
-    """torch's default dtype is bf16 while any driver call runs (the vendor builds and computes under
-    ``set_dtype(torch.bfloat16)``); counted, so a prefetch thread building layer i+1 while layer i computes
-    never restores it under the other."""
-    with _DT_LOCK:
-        if _DT[0] == 0:
-            _DT[1] = torch.get_default_dtype()
-            torch.set_default_dtype(torch.bfloat16)
-        _DT[0] += 1
-    try:
-        yield
-    finally:
-        with _DT_LOCK:
-            _DT[0] -= 1
-            if _DT[0] == 0:
-                torch.set_default_dtype(_DT[1])
+    """Run vendor code: torch's default dtype bf16 (the vendor builds and computes under
+    ``set_dtype(torch.bfloat16)``; its GEMMs return the default dtype). The default dtype is process-global
+    and the vendor's ``Block.__init__`` switches it to float32 for its hyper-connection parameters, so
+    building a block on the prefetch thread while another computes would change what the other computes:
+    vendor code runs under one lock. Only construction takes it on the prefetch thread; reading and
+    placing the weights, the slow part, runs beside the computing layer."""
+    with _VENDOR:
+        prev = torch.get_default_dtype()
+        torch.set_default_dtype(torch.bfloat16)
+        try:
+            yield
+        finally:
+            torch.set_default_dtype(prev)
 
 
 def model_args(m, config: dict, world: int):
@@ -187,8 +184,9 @@ class DeepseekV41Driver:
 
     # -- layers ----------------------------------------------------------------------------------------
     def load_layer(self, i: int) -> torch.nn.Module:
-        with vendor_dtype(), torch.inference_mode():
+        with vendor_dtype():
             block = self.m.Block(i, self.args, self._build_layout)
+        with torch.inference_mode():
             self.loader.fill(block, f"layers.{i}.", skip=("engram.embed",))
             self._hooks(block, f"layers.{i}.")
             block.to(self.device)
@@ -333,7 +331,8 @@ class DeepseekV41Driver:
         u, w, s = rows.owned(ids)
         if len(u) == 0:  # the vendor indexes row 0 of a masked id: keep one row, never selected
             u = torch.tensor([-1])
-            w, s = torch.zeros(1, emb.dim, dtype=torch.float8_e4m3fn), torch.ones(1, emb.dim // emb.block_size, dtype=s.dtype)
+            w = torch.zeros(1, emb.dim, dtype=torch.uint8).view(torch.float8_e4m3fn)
+            s = torch.full((1, emb.dim // emb.block_size), 127, dtype=torch.uint8).view(torch.float8_e8m0fnu)
         u = u.to(ids.device)
         pos = torch.searchsorted(u, ids.contiguous()).clamp(max=len(u) - 1)
         local = torch.where(u[pos] == ids, rows.lo + pos, -1)

@@ -42,7 +42,7 @@ from fideval.model.checkpoint import WeightSource
 
 NAME_MAP = "name_map.json"
 QUANT = (torch.float8_e4m3fn, torch.float4_e2m1fn_x2)
-_E2M1 = torch.tensor([0.0, 0.5, 1.0, 1.5, 2.0, 3.0, 4.0, 6.0, -0.0, -0.5, -1.0, -1.5, -2.0, -3.0, -4.0, -6.0])
+_E2M1 = torch.tensor([0.0, 0.5, 1.0, 1.5, 2.0, 3.0, 4.0, 6.0, -0.0, -0.5, -1.0, -1.5, -2.0, -3.0, -4.0, -6.0], dtype=torch.float32)
 
 
 class NameMap:
@@ -113,7 +113,7 @@ def dequantize(weight: torch.Tensor, scale: torch.Tensor | None) -> torch.Tensor
 
 def _pow2_at_least(x: torch.Tensor) -> torch.Tensor:
     """The smallest power of two >= x (the vendor's ue8m0 scale rule); 1 where x is 0."""
-    return torch.where(x > 0, torch.exp2(torch.ceil(torch.log2(x))), torch.ones_like(x))
+    return torch.where(x > 0, torch.exp2(torch.ceil(torch.log2(x))), torch.ones_like(x))  # float32 in, float32 out
 
 
 def reencode(dense: torch.Tensor, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor] | None:
@@ -130,7 +130,7 @@ def reencode(dense: torch.Tensor, dtype: torch.dtype) -> tuple[torch.Tensor, tor
         codes = (idx | (torch.signbit(g).long() << 3)).to(torch.uint8).flatten(-2)
         q = (codes[..., 0::2] | (codes[..., 1::2] << 4)).contiguous().view(torch.float4_e2m1fn_x2)
     elif dtype == torch.float8_e4m3fn:
-        pad = torch.zeros(-(-out // 32) * 32, -(-inp // 32) * 32)
+        pad = torch.zeros(-(-out // 32) * 32, -(-inp // 32) * 32, dtype=torch.float32)
         pad[:out, :inp] = dense
         s = _pow2_at_least(pad.unflatten(0, (-1, 32)).unflatten(2, (-1, 32)).abs().amax(dim=(1, 3)) / 448)
         full = s.repeat_interleave(32, 0).repeat_interleave(32, 1)[:out, :inp]
