@@ -17,7 +17,7 @@ import sys
 
 import pytest
 import torch
-from ref_deepseek_v41 import MISSING, V41, write_tiny_v41
+from ref_deepseek_v41 import MISSING, V41, vendor_code, write_tiny_v41
 
 pytestmark = pytest.mark.skipif(not (V41 / "model.py").is_file(), reason=MISSING)
 BOUND = 1e-6
@@ -311,3 +311,22 @@ def test_prefetching_the_next_layer_on_a_thread_changes_nothing(model, tokens):
     for j, st in enumerate(states):
         assert torch.equal(d.finish(st), alone[j])
     assert torch.get_default_dtype() == torch.float32
+
+
+def test_the_released_config_is_taken_whole():
+    """The release's own config.json (DeepSeek-V4.1-Flash: 40 layers, Engram on 1 and 14, DSpark and vision
+    parts that are not built) gives the vendor's ModelArgs as is; a world size that does not divide its 8
+    output groups is one line."""
+    from fideval.errors import FidevalError
+    from fideval.model.reference.deepseek_v41 import _slot_keeps, model_args
+
+    m = vendor_code().model
+    cfg = json.loads((V41 / "config.json").read_text())
+    a = model_args(m, cfg, 8)
+    assert (a.n_layers, a.dim, a.hc_mult, a.engram_layer_ids, a.kv_source_layers) == (40, 5120, 4, (1, 14), (2, 8, 14, 20))
+    keeps = _slot_keeps(a)
+    # kv sources 2, 8, 14, 20 each replace the slot: the layer before one drops it, and layer 39 reads the last
+    assert keeps["compress_kv"] == set(range(2, 39)) - {7, 13, 19}
+    assert keeps["candidates"] == set(range(20, 36))  # read by index sources 24, 28, 32, 36
+    with pytest.raises(FidevalError, match="o_groups 8 is not divisible by the world size 16"):
+        model_args(m, cfg, 16)
