@@ -24,7 +24,7 @@ MISSING = "the vendor's DeepSeek-V4.1-Flash code is not at ../shared/reference-c
 TINY = dict(
     vocab_size=512, dim=128, moe_inter_dim=64, n_layers=6, n_mtp_layers=0, n_heads=4,
     n_routed_experts=4, n_shared_experts=1, n_activated_experts=2, score_func="sqrtsoftplus", route_scale=1.5,
-    swiglu_limit=10.0, q_lora_rank=64, head_dim=64, rope_head_dim=16, norm_eps=1e-20, o_groups=2, o_lora_rank=32,
+    swiglu_limit=10.0, q_lora_rank=64, head_dim=64, rope_head_dim=16, norm_eps=1e-20, o_groups=4, o_lora_rank=32,
     window_size=8, compress_ratios=[0, 2, 2, 1, 1, 1], kv_source_layers=[1, 3], index_source_layers=[1, 3, 5],
     original_seq_len=16, rope_theta=10000, rope_factor=4, beta_fast=32, beta_slow=1, compress_rope_theta=160000,
     index_n_heads=4, index_head_dim=32, index_topk=4, candidate_source_layer=3, candidate_topk_blocks=2,
