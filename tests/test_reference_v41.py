@@ -17,7 +17,7 @@ import sys
 
 import pytest
 import torch
-from ref_deepseek_v41 import MISSING, V41, vendor_code, write_tiny_v41
+from ref_deepseek_v41 import MISSING, V41, vendor_code, write_tiny_v41, write_tokenizer
 
 pytestmark = pytest.mark.skipif(not (V41 / "model.py").is_file(), reason=MISSING)
 BOUND = 1e-6
@@ -161,6 +161,13 @@ def test_bad_input_is_one_line(model, tmp_path):
     (bad / "config.json").write_text(json.dumps({**cfg, "n_routed_experts": 8}))
     with pytest.raises(FidevalError, match="tensor 'layers.0.ffn.experts.4.w1.weight'"):
         _driver(bad).load_layer(0)
+    (bad / "config.json").write_text(json.dumps(cfg))
+    toks = torch.zeros(1, 4, dtype=torch.long)
+    with pytest.raises(FidevalError, match="tokenizer.json not found"):
+        _driver(bad).begin(toks)
+    write_tokenizer(bad, 256)  # another model's tokenizer: 128 compressed entries, the config says 256
+    with pytest.raises(FidevalError, match="has 128 entries, config.json's engram_compressed_vocab_size is 256"):
+        _driver(bad).begin(toks)
 
 
 # -- model parallel 2 on gloo ------------------------------------------------------------------------------

@@ -280,8 +280,10 @@ class DeepseekV41Driver:
     def _build_hash(self):
         try:
             hs = self.code.module("engram").NgramHashState(self.args, self.layout, self._tokenizer())
-        except AssertionError as e:
-            raise FidevalError(f"the tokenizer's compressed vocabulary {e} does not match engram_compressed_vocab_size",
+        except AssertionError as e:  # the vendor asserts (found, configured)
+            found = e.args[0][0] if e.args and isinstance(e.args[0], tuple) else e
+            raise FidevalError(f"tokenizer.json's compressed vocabulary has {found} entries, config.json's "
+                               f"engram_compressed_vocab_size is {self.args.engram_compressed_vocab_size}",
                                hint="config.json and tokenizer.json are from different models") from None
         return hs.to(self.device)
 
