@@ -340,3 +340,27 @@ def test_the_released_config_is_taken_whole():
     assert keeps["candidates"] == set(range(20, 36))  # read by index sources 24, 28, 32, 36
     with pytest.raises(FidevalError, match="o_groups 8 is not divisible by the world size 16"):
         model_args(m, cfg, 16)
+
+
+def test_an_mxfp4_expert_candidate_runs_in_the_vendors_fp4_kernel(model, tokens):
+    """The quant spec's MXFP4 on routed experts. On the FP8/FP4 model the vendor's FP4 experts already are
+    MXFP4 (a block's largest value is 4 or 6 times its power-of-two scale, so OCP's floor recipe picks the same
+    scale): the candidate goes back into the vendor's FP4 storage, its own fp4_gemm computes it, and the logits
+    are the reference's bit for bit. On the bf16 model the experts are bf16 linears and stay so, and MXFP4
+    changes them. Either way the vendor's forward with the same hook agrees."""
+    from fideval.quant.spec import compile_spec
+
+    spec = compile_spec("routed_experts=mxfp4")
+    d = _driver(model, weight_transform=spec.weight_transform)
+    logits, _, _ = _run(d, tokens)
+    fp4 = json.loads((model / "config.json").read_text())["expert_dtype"] == "fp4"
+    assert d.kernels["linears: routed_experts"] == ("fp4_gemm (exact re-encoding)" if fp4 else "F.linear in bfloat16")
+    assert (logits[:, -1] - d.vendor_logits(tokens)).abs().max().item() <= BOUND
+    ref, _, _ = _run(_driver(model), tokens)
+    p, q = torch.log_softmax(ref.double(), -1), torch.log_softmax(logits.double(), -1)
+    kld = (p.exp() * (p - q)).sum(-1).mean().item()
+    print(f"MXFP4 routed experts vs reference: mean KLD {kld:.3g}")
+    if fp4:
+        assert torch.equal(logits, ref)
+    else:
+        assert kld > 1e-6  # the candidate is not the reference
