@@ -364,3 +364,14 @@ def test_an_mxfp4_expert_candidate_runs_in_the_vendors_fp4_kernel(model, tokens)
         assert torch.equal(logits, ref)
     else:
         assert kld > 1e-6  # the candidate is not the reference
+
+
+def test_sequences_longer_than_max_seq_len(tmp_path):
+    """config.json's max_seq_len (here 16) sizes the vendor's rotary tables; a 24-token sequence gets them
+    recomputed with the vendor's own precompute_freqs_cis, and matches its forward built for 24."""
+    torch.set_num_threads(1)
+    folder = write_tiny_v41(tmp_path / "short", dtype="bf16", max_seq_len=16)
+    toks = torch.randint(0, 512, (1, L), generator=torch.Generator().manual_seed(2))
+    d = _driver(folder)
+    logits, _, _ = _run(d, toks)
+    assert (logits[:, -1] - d.vendor_logits(toks)).abs().max().item() <= BOUND

@@ -256,13 +256,15 @@ class DeepseekV41Driver:
             return getattr(self, attr)
 
     def _build_embed(self):
-        emb = self.m.ParallelEmbedding(self.args.vocab_size, self.args.dim)
+        with vendor_dtype():
+            emb = self.m.ParallelEmbedding(self.args.vocab_size, self.args.dim)
         self.loader.fill(emb, "embed.")
         return emb.to(self.device)
 
     def _build_head(self):
         a = self.args
-        norm, head = self.m.RMSNorm(a.dim, a.norm_eps), self.m.ParallelHead(a.vocab_size, a.dim, a.norm_eps, a.hc_eps)
+        with vendor_dtype():
+            norm, head = self.m.RMSNorm(a.dim, a.norm_eps), self.m.ParallelHead(a.vocab_size, a.dim, a.norm_eps, a.hc_eps)
         self.loader.fill(norm, "norm.")
         self.loader.fill(head, "head.")
         self._hooks(head, "head.")
