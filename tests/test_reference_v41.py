@@ -112,6 +112,12 @@ def test_engram_rows_come_from_host_memory_by_id(model):
     assert torch.equal(w.view(torch.uint8), full["layers.2.engram.embed.weight"][u].view(torch.uint8))
     assert torch.equal(s.view(torch.uint8), full["layers.2.engram.embed.scale"][u].view(torch.uint8))
     assert block.engram.embed.weight.numel() == 0  # the layer holds no table of its own
+    # a rank that owns none of the looked-up rows (possible at large N): every lookup is masked to zero, as the
+    # vendor masks other ranks' ids, so its share adds nothing (with a zero lookup, Engram returns h as is)
+    rows.lo = rows.hi = rows.total
+    h = torch.randn(2, 3, d.args.hc_mult, d.args.dim).to(torch.bfloat16)
+    with torch.inference_mode():
+        assert torch.equal(d._engram(block, h, ids.unsqueeze(-1).expand(-1, -1, 4).contiguous()), h)
 
 
 def test_a_release_name_map_is_applied(model, tokens, tmp_path):

@@ -275,7 +275,7 @@ class EngramRows:
         out = []
         for j, ((mm, info), dtype, key) in enumerate(zip(self.maps, self.dtypes, self.keys)):
             if mm is not None:
-                raw = torch.from_numpy(np.ascontiguousarray(mm[u.numpy()])).view(len(u), -1)
+                raw = torch.from_numpy(np.ascontiguousarray(mm[u.numpy()]))  # [len(u), bytes per row]
             else:
                 if len(self.parts) <= j:
                     self.parts.append(self.loader.weights.read(key, rows=(self.lo, self.hi)))
