@@ -167,6 +167,9 @@ def test_bad_input_is_one_line(model, tmp_path):
     (bad / "config.json").write_text(json.dumps({**cfg, "n_routed_experts": 8}))
     with pytest.raises(FidevalError, match="tensor 'layers.0.ffn.experts.4.w1.weight'"):
         _driver(bad).load_layer(0)
+    (bad / "config.json").write_text(json.dumps({**cfg, "engram_num_embeddings": [e + 1 for e in cfg["engram_num_embeddings"]]}))
+    with pytest.raises(FidevalError, match="engram_num_embeddings says"):
+        _driver(bad).load_layer(0)
     (bad / "config.json").write_text(json.dumps(cfg))
     toks = torch.zeros(1, 4, dtype=torch.long)
     with pytest.raises(FidevalError, match="tokenizer.json not found"):

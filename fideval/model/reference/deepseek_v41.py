@@ -191,8 +191,8 @@ class DeepseekV41Driver:
             self._hooks(block, f"layers.{i}.")
             block.to(self.device)
             if block.engram is not None:
-                part = -(-self.layout.num_embeddings[block.engram.layer_hash_index] // self.world)
-                block.engram_rows = EngramRows(self.loader, f"layers.{i}.engram.embed.", part)
+                rows = self.layout.num_embeddings[block.engram.layer_hash_index]
+                block.engram_rows = EngramRows(self.loader, f"layers.{i}.engram.embed.", rows)
             return block
 
     def forward_layer(self, i: int, block: torch.nn.Module, state: V41State) -> V41State:
@@ -233,7 +233,7 @@ class DeepseekV41Driver:
             for layer in model.layers:
                 if layer.engram is not None:
                     emb = layer.engram.embed
-                    rows = EngramRows(self.loader, f"layers.{layer.layer_id}.engram.embed.", emb.part_num_embeddings)
+                    rows = EngramRows(self.loader, f"layers.{layer.layer_id}.engram.embed.", emb.num_embeddings)
                     u, w, s = rows.owned(torch.arange(rows.lo, rows.hi))
                     wb = torch.zeros(emb.weight.shape, dtype=torch.uint8)  # +0.0 in e4m3; padding rows past the table
                     sb = torch.full(emb.scale.shape, 127, dtype=torch.uint8)  # 2^0 in e8m0

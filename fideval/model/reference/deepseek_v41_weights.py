@@ -251,11 +251,17 @@ class EngramRows:
     safetensors checkpoint is memory-mapped (only the pages of looked-up rows are read, into the page cache);
     another weight source has this rank's part read once and held in host memory."""
 
-    def __init__(self, loader: Loader, vendor_prefix: str, part_rows: int):
+    def __init__(self, loader: Loader, vendor_prefix: str, rows: int):
+        part_rows = -(-rows // loader.world)
         self.loader, self.lo = loader, loader.rank * part_rows
         self.keys = [loader.key(vendor_prefix + n) for n in ("weight", "scale")]
         infos = [loader.weights.info(k) for k in self.keys]
         self.total = int(infos[0].shape[0])
+        for key, info in zip(self.keys, infos):
+            if int(info.shape[0]) != rows or torch.empty(0, dtype=info.dtype).element_size() != 1:
+                raise FidevalError(f"{loader.weights.dir}: Engram tensor {key!r} is {info.dtype} of shape {list(info.shape)}, "
+                                   f"config.json's engram_num_embeddings says {rows} rows of one-byte values",
+                                   hint="Engram tables are FP8 e4m3 rows with E8M0 scales; the checkpoint does not match config.json")
         self.hi = min(self.lo + part_rows, self.total)
         tensors = getattr(loader.weights, "tensors", None)
         self.maps, self.parts = [], []
@@ -280,8 +286,5 @@ class EngramRows:
                 if len(self.parts) <= j:
                     self.parts.append(self.loader.weights.read(key, rows=(self.lo, self.hi)))
                 raw = self.parts[j][u - self.lo].contiguous()
-            if raw.element_size() != 1:
-                raise FidevalError(f"{self.loader.weights.dir}: Engram tensor {key!r} is {info.dtype}, not one byte per value",
-                                   hint="Engram tables are FP8 e4m3 rows with E8M0 scales")
             out.append(raw.view(torch.uint8).view(dtype).view(len(u), *info.shape[1:]))
         return u, out[0], out[1]
