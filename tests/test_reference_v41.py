@@ -61,9 +61,13 @@ def tokens():
 
 
 def test_all_positions_match_the_vendors_forward(model, tokens):
+    from fideval.model.reference.deepseek_v41 import describe
+
     d = _driver(model)
     logits, st, _ = _run(d, tokens)
     assert logits.shape == (2, L, 512) and logits.dtype == torch.float32
+    info = describe(d)
+    assert (info["compress_ratios"], info["engram_layer_ids"], info["kernels"]["sparse_attn"]) == ([0, 2, 2, 1, 1, 1], [0, 2], "kernel_cpu")
     for k in (6, 13, L):  # inside the window; past it (compressed KV, top-k); the whole sequence
         ref = d.vendor_logits(tokens[:, :k])
         assert ref.std() > 0.3  # not a degenerate model
