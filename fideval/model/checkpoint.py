@@ -36,6 +36,8 @@ DTYPES = {
 if hasattr(torch, "float8_e4m3fn"):
     DTYPES["F8_E4M3"] = torch.float8_e4m3fn
     DTYPES["F8_E5M2"] = torch.float8_e5m2
+if hasattr(torch, "float8_e8m0fnu"):  # power-of-two block scales (DeepSeek-V4.1's FP8/FP4 weights, MX formats)
+    DTYPES["F8_E8M0"] = torch.float8_e8m0fnu
 
 
 @dataclass(frozen=True)
