@@ -104,7 +104,10 @@ def read_gguf(path: Path, src: Path) -> tuple[dict, list]:
     arch = field("general.architecture")
     n_head = field(f"{arch}.attention.head_count")
     n_head_kv = field(f"{arch}.attention.head_count_kv", n_head)
-    first = (lambda v: int(v[0]) if isinstance(v, list) else int(v))
+
+    def first(v):  # per-layer arrays: layer 0's value, as llama-quantize's n_gqa() reads it
+        return int(v[0]) if isinstance(v, list) else int(v)
+
     model = {"arch": arch, "n_layer": int(field(f"{arch}.block_count")), "n_expert": int(field(f"{arch}.expert_count", 0)),
              "n_head": first(n_head), "n_head_kv": first(n_head_kv)}
     tensors = [[t.name, [int(d) for d in t.shape], t.tensor_type.name] for t in r.tensors]
