@@ -1,0 +1,61 @@
+"""llama-quantize's named mixes: fideval's rule gives every tensor the type llama.cpp gave it.
+
+Oracle: ``tests/data/llamacpp/mix_vectors.json``, written by ``tools/llamacpp/mix_vectors.py`` from llama-quantize
+runs (llama-cpp-python 0.3.36's vendored llama.cpp) on four tiny converted models: a llama with GQA 4 and 16
+layers, a llama with tied embeddings and rows of 320 and 336, a qwen3moe with 8 experts, a DeepSeek-V3 (MLA,
+16 experts, 2 dense layers)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from fideval.errors import FidevalError
+from fideval.quant.gguf_mixes import MIXES, MixModel, mix_types
+
+DATA = json.loads((Path(__file__).parent / "data" / "llamacpp" / "mix_vectors.json").read_text())
+CASES = [(m, mix) for m, rec in DATA["models"].items() for mix in rec["mixes"]]
+
+
+@pytest.mark.parametrize("model", sorted(DATA["models"]))
+def test_every_tensor_of_every_mix_as_llama_quantize(model):
+    rec = DATA["models"][model]
+    assert sorted(rec["mixes"]) == sorted(MIXES)
+    bad = []
+    for mix, want in rec["mixes"].items():
+        got = mix_types(mix, MixModel(**rec["model"]), rec["tensors"])
+        bad += [f"{mix} {n}: llama.cpp {w}, fideval {got[n]}" for (n, _, _), w in zip(rec["tensors"], want) if got[n] != w]
+    assert not bad, f"{len(bad)} differences, first: {bad[:8]}"
+
+
+def _types(model, mix):
+    rec = DATA["models"][model]
+    return {n: t for (n, _, _), t in zip(rec["tensors"], rec["mixes"][mix])}
+
+
+def test_the_vectors_exercise_the_rules():
+    """The fixture is worth something only if llama.cpp's own outputs show each rule firing."""
+    t = _types("llama-gqa4", "Q4_K_M")  # use_more_bits over 16 layers: 0,1 | 4,7,10,13 | 14,15 get Q6_K (fallback Q8_0)
+    downs = [t[f"blk.{i}.ffn_down.weight"] for i in range(16)]  # rows of 320: Q6_K -> Q8_0, Q4_K -> Q5_0
+    assert [i for i, x in enumerate(downs) if x == "Q8_0"] == [0, 1, 4, 7, 10, 13, 14, 15]
+    assert set(downs) == {"Q8_0", "Q5_0"}
+    assert {t[f"blk.{i}.attn_v.weight"] for i in range(16)} == {"Q6_K", "Q4_K"}
+    assert t["output.weight"] == "Q6_K" and t["token_embd.weight"] == "Q4_K"
+    assert _types("llama-gqa4", "Q2_K")["blk.3.attn_v.weight"] == "Q4_K"  # n_gqa 4
+    tied = _types("llama-tied", "Q4_K_M")  # no output.weight: token_embd is the output (rows of 320: Q8_0)
+    assert tied["token_embd.weight"] == "Q8_0" and tied["blk.0.ffn_down.weight"] == "F16"  # 336 % 32 != 0
+    assert tied["blk.2.attn_q.weight"] == "Q5_0"
+    moe = _types("qwen3moe-8x", "Q4_K_M")  # 8 experts: attn_v and attn_k to Q8_0, attn_output to Q5_K
+    assert moe["blk.5.attn_v.weight"] == moe["blk.5.attn_k.weight"] == "Q8_0" and moe["blk.5.attn_output.weight"] == "Q5_K"
+    assert moe["blk.0.ffn_down_exps.weight"] == "Q8_0" and moe["blk.2.ffn_down_exps.weight"] == "Q5_0"  # rows of 96
+    ds = _types("deepseek-v3", "Q4_K_M")
+    assert ds["blk.1.ffn_down.weight"] == "Q6_K" and ds["blk.3.ffn_down_exps.weight"] == "Q5_0"
+    assert _types("deepseek-v3", "MXFP4_MOE")["blk.4.ffn_up_exps.weight"] == "MXFP4"
+    assert _types("deepseek-v3", "F16")["blk.4.ffn_norm.weight"] == "F32"
+
+
+def test_unknown_mix_is_one_line():
+    with pytest.raises(FidevalError, match="unknown gguf mix 'Q4_K_X'"):
+        mix_types("Q4_K_X", MixModel("llama", 8), [])
