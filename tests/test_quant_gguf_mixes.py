@@ -50,8 +50,10 @@ def test_the_vectors_exercise_the_rules():
     moe = _types("qwen3moe-8x", "Q4_K_M")  # 8 experts: attn_v and attn_k to Q8_0, attn_output to Q5_K
     assert moe["blk.5.attn_v.weight"] == moe["blk.5.attn_k.weight"] == "Q8_0" and moe["blk.5.attn_output.weight"] == "Q5_K"
     assert moe["blk.0.ffn_down_exps.weight"] == "Q8_0" and moe["blk.2.ffn_down_exps.weight"] == "Q5_0"  # rows of 96
-    ds = _types("deepseek-v3", "Q4_K_M")
-    assert ds["blk.1.ffn_down.weight"] == "Q6_K" and ds["blk.3.ffn_down_exps.weight"] == "Q5_0"
+    ds = _types("deepseek-v3", "Q4_K_M")  # 10 layers: use_more_bits at 0, 3, 6, 8, 9 -- from the name in an MoE
+    assert [ds[f"blk.{i}.ffn_down.weight"] for i in (0, 1)] == ["Q6_K", "Q4_K"]  # (dense layers, rows of 512)
+    assert [ds[f"blk.{i}.ffn_down_exps.weight"] for i in range(2, 10)] == ["Q5_0", "Q8_0", "Q5_0", "Q5_0", "Q8_0",
+                                                                          "Q5_0", "Q8_0", "Q8_0"]  # rows of 96
     assert _types("deepseek-v3", "MXFP4_MOE")["blk.4.ffn_up_exps.weight"] == "MXFP4"
     assert _types("deepseek-v3", "F16")["blk.4.ffn_norm.weight"] == "F32"
 

@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import re
 import shutil
 import subprocess
 import sys
@@ -114,6 +115,20 @@ def read_gguf(path: Path, src: Path) -> tuple[dict, list]:
     return model, tensors
 
 
+def dry_run(bin_dir: Path, f32: Path, mix: str, source: dict[str, str]) -> dict[str, str]:
+    """The types ``llama-quantize --dry-run`` prints (``... size = A MiB -> B MiB (q2_K)``; no arrow: kept), for a
+    mix it refuses to write without an importance matrix (the choice of types is made before that check)."""
+    run = subprocess.run([str(bin_dir / "llama-quantize"), "--dry-run", str(f32), mix, "2"], capture_output=True,
+                         text=True, check=True)
+    got = {}
+    for m in re.finditer(r"^\[\s*\d+/\s*\d+\] (\S+)\s+- \[.*?\], type =\s*(\S+), size = .*?(?:-> .*?\((\S+)\))?$",
+                         run.stdout + run.stderr, re.M):
+        got[m.group(1)] = m.group(3).upper() if m.group(3) else source[m.group(1)]
+    if set(got) != set(source):
+        raise SystemExit(f"llama-quantize --dry-run {mix}: {len(got)} tensors parsed, {len(source)} expected")
+    return got
+
+
 def main() -> None:
     from fideval.quant.gguf_mixes import MIXES
 
@@ -126,7 +141,7 @@ def main() -> None:
     work = a.work or Path(tempfile.mkdtemp(prefix="mix-vectors-"))
     work.mkdir(parents=True, exist_ok=True)
     record = {"source": f"llama-quantize built from {a.llama_cpp} (llama-cpp-python 0.3.36 vendored llama.cpp)",
-              "models": {}}
+              "models": {}, "dry_run": []}
     for seed, name in enumerate(MODELS):
         hf, f32 = work / name, work / f"{name}-f32.gguf"
         if not f32.exists():
@@ -137,12 +152,16 @@ def main() -> None:
         for mix in MIXES:
             q = work / f"{name}-{mix}.gguf"
             run = subprocess.run([str(a.bin / "llama-quantize"), str(f32), str(q), mix, "2"], capture_output=True, text=True)
-            if run.returncode != 0:
+            if run.returncode == 0:
+                _, out = read_gguf(q, a.llama_cpp)
+                got = {n: t for n, _, t in out}
+                q.unlink()
+            elif "requires an imatrix" in run.stdout + run.stderr:  # Q2_K_S: llama-quantize's own --dry-run choice
+                got = dry_run(a.bin, f32, mix, {n: t for n, _, t in tensors})
+                record["dry_run"].append(f"{name} {mix}")
+            else:
                 raise SystemExit(f"llama-quantize {name} {mix} failed:\n{run.stderr[-2000:]}")
-            _, out = read_gguf(q, a.llama_cpp)
-            got = {n: t for n, _, t in out}
             mixes[mix] = [got[n] for n, _, _ in tensors]
-            q.unlink()
             print(f"{name:12s} {mix:9s} " + " ".join(f"{t}:{mixes[mix].count(t)}" for t in sorted(set(mixes[mix]))))
         record["models"][name] = {"model": model, "tensors": tensors, "mixes": mixes}
     a.out.write_text(json.dumps(record, separators=(",", ":")) + "\n")
