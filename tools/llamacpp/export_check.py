@@ -5,9 +5,9 @@
 On a tiny llama (random weights, a 320-token byte-level BPE trained on the demo corpus, so the files stay small):
 
 1. llama.cpp's converter writes it as an F32 GGUF (the reference) and ``llama-quantize`` makes the candidate
-   (``--mix``, Q4_K_M by default);
+   (``--mix``: Q8_0 and Q4_K_M by default);
 2. ``llama-perplexity --kl-divergence-base`` on the demo text writes llama.cpp's own teacher file (``base.kld``)
-   and the candidate's (``cand.kld``); ``--kl-divergence`` scores the candidate against ``base.kld``;
+   and each candidate's (``cand-<mix>.kld``); ``--kl-divergence`` scores the candidate against ``base.kld``;
 3. fideval's teacher: the same model in transformers (float32) on ``base.kld``'s token ids, written as a fideval
    store and exported with ``fideval export-llamacpp``; llama-perplexity scores the candidate against it;
 4. fideval's own figures for the same candidate: its GGUF loader (``fideval.model.quantized.GGUFCheckpoint``)
@@ -15,7 +15,7 @@ On a tiny llama (random weights, a 320-token byte-level BPE trained on the demo 
    (all positions, and llama.cpp's positions n_ctx/2 .. n_ctx-2 alone).
 
 It prints the four columns side by side (docs/formats-store.md keeps the output) and writes the parity fixture
-``tests/data/llamacpp/kld_parity/``: ``base.kld``, ``cand.kld`` and ``llama_perplexity.json`` (what
+``tests/data/llamacpp/kld_parity/``: ``base.kld``, ``cand-<mix>.kld`` and ``llama_perplexity.json`` (what
 llama-perplexity printed for step 2), read by ``tests/test_score_llamacpp_parity.py``.
 """
 
@@ -155,53 +155,56 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--llama-cpp", type=Path, required=True)
     ap.add_argument("--bin", type=Path, required=True)
-    ap.add_argument("--mix", default="Q4_K_M")
+    ap.add_argument("--mix", nargs="+", default=["Q8_0", "Q4_K_M"], help="candidates (llama-quantize mixes)")
     ap.add_argument("--work", type=Path)
     a = ap.parse_args()
     w = a.work or Path(tempfile.mkdtemp(prefix="export-check-"))
     w.mkdir(parents=True, exist_ok=True)
-    hf, f32, cand = w / "hf", w / "ref-f32.gguf", w / f"cand-{a.mix}.gguf"
+    hf, f32 = w / "hf", w / "ref-f32.gguf"
     if not (hf / "config.json").exists():
         tiny_model(hf)
     if not f32.exists():
         convert(a.llama_cpp, hf, f32)
-    if not cand.exists():
-        subprocess.run([str(a.bin / "llama-quantize"), str(f32), str(cand), a.mix, "2"], check=True, capture_output=True)
     (w / "text.txt").write_text(demo_text(6_000))
     text = ["-f", str(w / "text.txt"), "--chunks", str(N_CHUNK)]
     perplexity(a.bin, "-m", str(f32), *text, "--kl-divergence-base", str(w / "base.kld"))
-    perplexity(a.bin, "-m", str(cand), *text, "--kl-divergence-base", str(w / "cand.kld"))
-    llama_own = parse_stats(perplexity(a.bin, "-m", str(cand), "--kl-divergence-base", str(w / "base.kld"), "--kl-divergence"))
-
     base = KldBase(w / "base.kld")
     tokens = np.array(base.tokens)
     model = transformers.LlamaForCausalLM.from_pretrained(hf, torch_dtype=torch.float32).eval()
     write_store(w / "teacher", tokens, hf_logits(model, tokens), "tiny-llama", base.n_vocab)
     subprocess.run([sys.executable, "-m", "fideval", "export-llamacpp", str(w / "teacher"), str(w / "fideval.kld")], check=True)
     assert np.array_equal(KldBase(w / "fideval.kld").tokens, base.tokens)
-    llama_fid = parse_stats(perplexity(a.bin, "-m", str(cand), "--kl-divergence-base", str(w / "fideval.kld"), "--kl-divergence"))
 
-    ck = GGUFCheckpoint(cand, hf)
-    state = {k: ck.read(k) for k in ck.keys_with_prefix("")}
-    model.load_state_dict(state, strict=True)
-    write_store(w / "candidate", tokens, hf_logits(model, tokens), "tiny-llama", base.n_vocab)
-    subprocess.run([sys.executable, "-m", "fideval", "score", "--teacher", str(w / "teacher"), "--candidate",
-                    str(w / "candidate"), "--out", str(w / "rec"), "--device", "cpu"], check=True)
-    fid_half, fid_all = fideval_figures(w / "rec", N_CTX // 2), fideval_figures(w / "rec", None)
-
-    cols = {"llama.cpp, its own F32 base": llama_own, "llama.cpp, fideval's export": llama_fid,
-            "fideval, positions 32..62": fid_half, "fideval, all positions": fid_all}
-    print(f"tiny llama ({base.n_vocab} tokens, 4 layers), candidate {a.mix}, {N_CHUNK} chunks of {N_CTX} tokens")
-    print(f"{'':20s}" + "".join(f"{c:>30s}" for c in cols))
-    for k in STATS:
-        print(f"{k:20s}" + "".join(f"{v[k]:30.6f}" for v in cols.values()))
+    printed = {}
     FIXTURE.mkdir(parents=True, exist_ok=True)
-    for f in ("base.kld", "cand.kld"):
-        (FIXTURE / f).write_bytes((w / f).read_bytes())
+    (FIXTURE / "base.kld").write_bytes((w / "base.kld").read_bytes())
+    for mix in a.mix:
+        cand = w / f"cand-{mix}.gguf"
+        if not cand.exists():
+            subprocess.run([str(a.bin / "llama-quantize"), str(f32), str(cand), mix, "2"], check=True, capture_output=True)
+        perplexity(a.bin, "-m", str(cand), *text, "--kl-divergence-base", str(w / f"cand-{mix}.kld"))
+        llama_own = parse_stats(perplexity(a.bin, "-m", str(cand), "--kl-divergence-base", str(w / "base.kld"),
+                                           "--kl-divergence"))
+        llama_fid = parse_stats(perplexity(a.bin, "-m", str(cand), "--kl-divergence-base", str(w / "fideval.kld"),
+                                           "--kl-divergence"))
+        ck = GGUFCheckpoint(cand, hf)
+        model.load_state_dict({k: ck.read(k) for k in ck.keys_with_prefix("")}, strict=True)
+        write_store(w / f"candidate-{mix}", tokens, hf_logits(model, tokens), "tiny-llama", base.n_vocab)
+        subprocess.run([sys.executable, "-m", "fideval", "score", "--teacher", str(w / "teacher"), "--candidate",
+                        str(w / f"candidate-{mix}"), "--out", str(w / f"rec-{mix}"), "--device", "cpu"], check=True)
+        fid_half, fid_all = fideval_figures(w / f"rec-{mix}", N_CTX // 2), fideval_figures(w / f"rec-{mix}", None)
+        cols = {"llama.cpp, own F32 base": llama_own, "llama.cpp, fideval export": llama_fid,
+                f"fideval, pos {N_CTX // 2}..{N_CTX - 2}": fid_half, "fideval, all positions": fid_all}
+        print(f"\ntiny llama ({base.n_vocab} tokens, 4 layers), candidate {mix}, {N_CHUNK} chunks of {N_CTX} tokens")
+        print(f"{'':19s}" + "".join(f"{c:>27s}" for c in cols))
+        for k in STATS:
+            print(f"{k:19s}" + "".join(f"{v[k]:27.6f}" for v in cols.values()))
+        (FIXTURE / f"cand-{mix}.kld").write_bytes((w / f"cand-{mix}.kld").read_bytes())
+        printed[mix] = llama_own
     (FIXTURE / "llama_perplexity.json").write_text(json.dumps(
         {"source": f"llama-perplexity (llama-cpp-python 0.3.36's llama.cpp) -c {N_CTX} -b {N_CTX}: --kl-divergence of "
-                   f"the {a.mix} candidate against base.kld (the F32 reference); cand.kld is the candidate's own base file",
-         "printed": llama_own}, indent=1) + "\n")
+                   "each candidate against base.kld (the tiny llama in F32); cand-<mix>.kld is each candidate's own "
+                   "--kl-divergence-base file", "printed": printed}, indent=1) + "\n")
     print(f"wrote {FIXTURE}")
 
 
