@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 
 from fideval.errors import FidevalError
-from fideval.quant.gguf_mixes import MIXES, MixModel, mix_types
+from fideval.quant.gguf_mixes import MIXES, MixModel, matching_mixes, mix_types
 
 DATA = json.loads((Path(__file__).parent / "data" / "llamacpp" / "mix_vectors.json").read_text())
 CASES = [(m, mix) for m, rec in DATA["models"].items() for mix in rec["mixes"]]
@@ -61,3 +61,45 @@ def test_the_vectors_exercise_the_rules():
 def test_unknown_mix_is_one_line():
     with pytest.raises(FidevalError, match="unknown gguf mix 'Q4_K_X'"):
         mix_types("Q4_K_X", MixModel("llama", 8), [])
+
+
+@pytest.mark.parametrize("model", sorted(DATA["models"]))
+def test_each_build_is_recognised_as_its_mix(model):
+    """matching_mixes on llama-quantize's own outputs: each build is recognised as the mix that made it; on the
+    llama with rows of 256, the common K mixes are told apart from each other."""
+    rec = DATA["models"][model]
+    m = MixModel(**rec["model"])
+    found = {mix: matching_mixes(m, [(n, ne, t) for (n, ne, _), t in zip(rec["tensors"], types)])
+             for mix, types in rec["mixes"].items()}
+    assert all(mix in got for mix, got in found.items())
+    if model == "llama-gqa4":
+        for mix in ("Q4_K_M", "Q5_K_M", "Q3_K_M", "Q4_K_S", "Q6_K", "IQ4_XS"):
+            assert found[mix] == [mix]
+        assert found["Q8_0"] == ["Q8_0", "MXFP4_MOE"]  # a dense model: MXFP4_MOE has no experts, so all Q8_0
+
+
+def test_quant_inspect_names_the_mix_of_a_gguf(tmp_path):
+    """A GGUF with llama-quantize's Q4_K_M types (zero-filled data: only names, shapes, types and metadata are read)."""
+    import numpy as np
+    from cli_runner import run_fideval
+    from gguf import GGML_QUANT_SIZES, GGMLQuantizationType, GGUFWriter
+
+    rec = DATA["models"]["llama-gqa4"]
+    w = GGUFWriter(str(tmp_path / "b.gguf"), "llama")
+    w.add_block_count(16)
+    w.add_head_count(4)
+    w.add_head_count_kv(1)
+    for (name, ne, _), t in zip(rec["tensors"], rec["mixes"]["Q4_K_M"]):
+        if t == "F32":
+            w.add_tensor(name, np.zeros(tuple(reversed(ne)), np.float32))
+            continue
+        qt = GGMLQuantizationType[t]
+        block, size = GGML_QUANT_SIZES[qt]
+        w.add_tensor(name, np.zeros((*reversed(ne[1:]), ne[0] // block * size), np.uint8), raw_dtype=qt)
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+    r = run_fideval("quant", "inspect", "--model", str(tmp_path / "b.gguf"))
+    assert r.code == 0, r.stderr
+    assert "llama-quantize mix: Q4_K_M (every tensor's type as that mix gives it)" in r.stdout

@@ -248,3 +248,35 @@ def mix_types(mix: str, model: MixModel, tensors: Iterable[tuple[str, Sequence[i
         else:
             out[name] = _fallback(name, ne[0], walk.choose(name, ne, default))
     return out
+
+
+def matching_mixes(model: MixModel, tensors: Iterable[tuple[str, Sequence[int], str]]) -> list[str]:
+    """The mixes (with or without an importance matrix) under which llama-quantize would have given every tensor of a
+    build the type it has: ``tensors`` as in :func:`mix_types`, with each tensor's type *in the build* (a tensor
+    llama-quantize leaves alone keeps its type, so only the quantized ones decide). Several mixes can match a
+    small model (e.g. Q2_K and Q3_K_S when every row falls back to Q4_0); none matches a hand-mixed build."""
+    tensors = [(n, tuple(int(d) for d in ne), t) for n, ne, t in tensors]
+    have = {n: t for n, _, t in tensors}
+    return [mix for mix in MIXES if any(mix_types(mix, model, tensors, has_imatrix=im) == have for im in (False, True))]
+
+
+def gguf_mix_inputs(path) -> tuple[MixModel, list[tuple[str, tuple[int, ...], str]]]:
+    """What llama-quantize reads from a GGUF file: the :class:`MixModel` metadata and ``(name, ne, type)`` per tensor."""
+    from fideval.quant.gguf_file import _reader
+
+    r = _reader(path)
+
+    def field(key, default=None):
+        f = r.fields.get(key)
+        if f is None:
+            return default
+        v = f.contents()
+        return int(v[0]) if isinstance(v, list) else v
+
+    arch = field("general.architecture")
+    if arch is None:
+        raise FidevalError(f"{path}: no general.architecture in its metadata", hint="a GGUF written by llama.cpp's converter has it")
+    n_head = field(f"{arch}.attention.head_count", 1)
+    model = MixModel(arch=str(arch), n_layer=int(field(f"{arch}.block_count", 0)), n_expert=int(field(f"{arch}.expert_count", 0)),
+                     n_head=int(n_head), n_head_kv=int(field(f"{arch}.attention.head_count_kv", n_head)))
+    return model, [(t.name, tuple(int(d) for d in t.shape), t.tensor_type.name) for t in r.tensors]
