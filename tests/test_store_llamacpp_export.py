@@ -2,8 +2,8 @@
 
 Oracles: the layout and encoder transcribed from perplexity.cpp in test_store_llamacpp.py (``_encode_row``,
 independent of fideval's torch encoder), and fideval's importer reading the file back. llama-perplexity
-itself accepting the file and reproducing fideval's figures is tools/llamacpp/export_check.py's job (kept
-as a fixture in test_score_llamacpp_parity.py)."""
+itself accepting the file and giving the figures it gives with its own F32 base file is checked once by
+tools/llamacpp/export_check.py (its printed numbers are in docs/formats-store.md)."""
 
 from __future__ import annotations
 
