@@ -3,7 +3,7 @@
 Oracle: ``tests/data/llamacpp/mix_vectors.json``, written by ``tools/llamacpp/mix_vectors.py`` from llama-quantize
 runs (llama-cpp-python 0.3.36's vendored llama.cpp) on four tiny converted models: a llama with GQA 4 and 16
 layers, a llama with tied embeddings and rows of 320 and 336, a qwen3moe with 8 experts, a DeepSeek-V3 (MLA,
-16 experts, 2 dense layers)."""
+16 experts, 2 dense layers), every mix without and the mixes an importance matrix changes with ``--imatrix``."""
 
 from __future__ import annotations
 
@@ -27,6 +27,10 @@ def test_every_tensor_of_every_mix_as_llama_quantize(model):
     for mix, want in rec["mixes"].items():
         got = mix_types(mix, MixModel(**rec["model"]), rec["tensors"])
         bad += [f"{mix} {n}: llama.cpp {w}, fideval {got[n]}" for (n, _, _), w in zip(rec["tensors"], want) if got[n] != w]
+    for mix, want in rec["mixes_imatrix"].items():  # llama-quantize --imatrix: Q4_0/Q5_0/IQ4 ffn_down change
+        got = mix_types(mix, MixModel(**rec["model"]), rec["tensors"], has_imatrix=True)
+        bad += [f"{mix}+imatrix {n}: llama.cpp {w}, fideval {got[n]}"
+                for (n, _, _), w in zip(rec["tensors"], want) if got[n] != w]
     assert not bad, f"{len(bad)} differences, first: {bad[:8]}"
 
 
@@ -56,6 +60,10 @@ def test_the_vectors_exercise_the_rules():
                                                                           "Q5_0", "Q8_0", "Q8_0"]  # rows of 96
     assert _types("deepseek-v3", "MXFP4_MOE")["blk.4.ffn_up_exps.weight"] == "MXFP4"
     assert _types("deepseek-v3", "F16")["blk.4.ffn_norm.weight"] == "F32"
+    gqa = DATA["models"]["llama-gqa4"]  # with an imatrix, Q4_0's first eighth of ffn_down (layers 0, 1) is Q4_1
+    im = {n: t for (n, _, _), t in zip(gqa["tensors"], gqa["mixes_imatrix"]["Q4_0"])}
+    assert [im[f"blk.{i}.ffn_down.weight"] for i in (0, 1, 2)] == ["Q4_1", "Q4_1", "Q4_0"]
+    assert _types("llama-gqa4", "Q4_0")["blk.0.ffn_down.weight"] == "Q4_0"
 
 
 def test_unknown_mix_is_one_line():

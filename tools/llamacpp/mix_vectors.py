@@ -129,6 +129,23 @@ def dry_run(bin_dir: Path, f32: Path, mix: str, source: dict[str, str]) -> dict[
     return got
 
 
+IMATRIX_MIXES = ("Q4_0", "Q5_0", "Q2_K_S", "Q4_K_M", "IQ4_NL", "IQ4_XS")  # has_imatrix changes Q4_0/Q5_0/IQ4 ffn_down
+
+
+def write_imatrix(path: Path, tensors: list) -> None:
+    """A legacy ``imatrix.dat`` (the layout llama-imatrix wrote before GGUF) of ones for every 2-D+ weight but
+    ``token_embd``: ``int n``; per entry ``int len, name, int ncall, int nval, float[nval]``; then the chunk count and
+    the dataset name. Only its presence matters to the choice of types (``has_imatrix``)."""
+    import struct
+
+    out = []
+    for name, ne, _ in tensors:
+        if len(ne) >= 2 and name.endswith("weight") and name != "token_embd.weight":
+            nval = ne[0] * (ne[2] if len(ne) > 2 else 1)
+            out.append(struct.pack("<i", len(name)) + name.encode() + struct.pack("<ii", 1, nval) + b"\x00\x00\x80\x3f" * nval)
+    path.write_bytes(struct.pack("<i", len(out)) + b"".join(out) + struct.pack("<ii", 1, 4) + b"ones")
+
+
 def main() -> None:
     from fideval.quant.gguf_mixes import MIXES
 
@@ -163,7 +180,17 @@ def main() -> None:
                 raise SystemExit(f"llama-quantize {name} {mix} failed:\n{run.stderr[-2000:]}")
             mixes[mix] = [got[n] for n, _, _ in tensors]
             print(f"{name:12s} {mix:9s} " + " ".join(f"{t}:{mixes[mix].count(t)}" for t in sorted(set(mixes[mix]))))
-        record["models"][name] = {"model": model, "tensors": tensors, "mixes": mixes}
+        write_imatrix(work / f"{name}.imatrix.dat", tensors)
+        with_imatrix = {}
+        for mix in IMATRIX_MIXES:
+            q = work / f"{name}-{mix}-imatrix.gguf"
+            subprocess.run([str(a.bin / "llama-quantize"), "--imatrix", str(work / f"{name}.imatrix.dat"), str(f32),
+                            str(q), mix, "2"], capture_output=True, text=True, check=True)
+            got = {n: t for n, _, t in read_gguf(q, a.llama_cpp)[1]}
+            q.unlink()
+            with_imatrix[mix] = [got[n] for n, _, _ in tensors]
+            print(f"{name:12s} {mix:9s} imatrix " + " ".join(f"{t}:{with_imatrix[mix].count(t)}" for t in sorted(set(with_imatrix[mix]))))
+        record["models"][name] = {"model": model, "tensors": tensors, "mixes": mixes, "mixes_imatrix": with_imatrix}
     a.out.write_text(json.dumps(record, separators=(",", ":")) + "\n")
     print(f"wrote {a.out} ({a.out.stat().st_size:,} bytes)")
 
