@@ -59,7 +59,7 @@ def export_llamacpp_cmd(
     n_ctx: Annotated[int | None, typer.Option(
         "--n-ctx", help="export only the sequences of this length (default: the store's one length)")] = None,
 ) -> None:
-    """Write a teacher store as a llama.cpp --kl-divergence-base file (llama-perplexity -c must equal n_ctx)."""
+    """Write a teacher store as a llama.cpp --kl-divergence-base file (llama-perplexity -c N, N the sequences' length)."""
     from fideval.errors import FidevalError
     from fideval.store.llamacpp_export import export_llamacpp
 

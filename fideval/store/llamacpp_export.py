@@ -40,7 +40,7 @@ def plan_export(reader: Any, n_ctx: int | None = None) -> tuple[list[str], int]:
         if len(found) != 1:
             raise FidevalError(f"{reader.root}: sequences of {len(found)} lengths ({', '.join(map(str, found[:6]))}); "
                                "a llama.cpp base file has one n_ctx",
-                               hint="pick one with --n-ctx; llama-perplexity's -c must equal it")
+                               hint="pick one with --n-ctx")
         n_ctx = found[0]
     seq_ids = [sid for sid in reader.seq_ids if lengths[sid] == n_ctx]
     if not seq_ids:
