@@ -7,6 +7,8 @@ tools/llamacpp/export_check.py (its printed numbers are in docs/formats-store.md
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import numpy as np
 from cli_runner import run_fideval
 from test_store_llamacpp import _encode_row
@@ -108,3 +110,21 @@ def test_bad_input_is_one_line_and_writes_nothing(tmp_path):
     assert sorted(p.name for p in tmp_path.iterdir()) == ["st", "t.kld"]
     assert "is a folder" in run_fideval("export-llamacpp", str(tmp_path / "st"), str(tmp_path)).error()
     assert "manifest" in run_fideval("export-llamacpp", str(tmp_path / "nope"), str(tmp_path / "x.kld")).error()
+
+
+def test_export_of_llamacpps_own_logits_is_llama_perplexitys_file(tmp_path):
+    """The real oracle: llama-perplexity's ``--kl-divergence-base`` file of a tiny llama (``kld_parity/base.kld``) and
+    the float32 logits llama.cpp computed for its scored rows (``ref_logits.f32``, from ``dump_logits.cpp``; both
+    written by tools/llamacpp/export_check.py). A store of those rows (row_start n_ctx/2) exports to that file,
+    byte for byte: header, token ids, chunk order, row selection, encoder."""
+    fix = Path(__file__).parent / "data" / "llamacpp" / "kld_parity"
+    base = KldBase(fix / "base.kld")
+    rows = np.fromfile(fix / "ref_logits.f32", "<f4").reshape(base.n_chunk, base.rows, base.n_vocab)
+    w = StoreWriter(tmp_path / "st", {**META, "vocab_size": base.n_vocab})
+    for k in range(base.n_chunk):
+        w.write(f"chunk-{k:03d}", rows[k], np.array(base.tokens[k]), window_id=f"chunk-{k:03d}", domain="chunk",
+                row_start=base.first)
+    w.finish()
+    r = run_fideval("export-llamacpp", str(tmp_path / "st"), str(tmp_path / "out.kld"))
+    assert r.code == 0, r.stderr
+    assert (tmp_path / "out.kld").read_bytes() == (fix / "base.kld").read_bytes()

@@ -14,9 +14,13 @@ On a tiny llama (random weights, a 320-token byte-level BPE trained on the demo 
    decodes the candidate into the transformers model, ``fideval score`` scores it against fideval's store
    (all positions, and llama.cpp's positions n_ctx/2 .. n_ctx-2 alone).
 
-It prints the four columns side by side (docs/formats-store.md keeps the output) and writes the parity fixture
+5. llama.cpp's own float32 logits of the reference's scored rows (``dump_logits.cpp``, compiled against the built
+   ``libllama``) exported by fideval must be llama-perplexity's ``base.kld`` byte for byte.
+
+It prints the four columns side by side (docs/formats-store.md keeps the output) and writes the fixture
 ``tests/data/llamacpp/kld_parity/``: ``base.kld``, ``cand-<mix>.kld`` and ``llama_perplexity.json`` (what
-llama-perplexity printed for step 2), read by ``tests/test_score_llamacpp_parity.py``.
+llama-perplexity printed for step 2), read by ``tests/test_score_llamacpp_parity.py``, and ``ref_logits.f32``
+(step 5's logits, float32 [chunk, row, vocab]), read by ``tests/test_store_llamacpp_export.py``.
 """
 
 from __future__ import annotations
@@ -178,6 +182,25 @@ def main() -> None:
     printed = {}
     FIXTURE.mkdir(parents=True, exist_ok=True)
     (FIXTURE / "base.kld").write_bytes((w / "base.kld").read_bytes())
+    # llama.cpp's own float32 logits of the scored rows (dump_logits.cpp, against llama.h), exported by fideval,
+    # must give llama-perplexity's base.kld byte for byte
+    dump = w / "dump_logits"
+    subprocess.run(["g++", "-O2", "-std=c++17", f"-I{a.llama_cpp / 'include'}", f"-I{a.llama_cpp / 'ggml' / 'include'}",
+                    str(Path(__file__).parent / "dump_logits.cpp"), f"-L{a.bin}", "-lllama", f"-Wl,-rpath,{a.bin}",
+                    "-o", str(dump)], check=True)
+    subprocess.run([str(dump), str(f32), str(w / "base.kld"), str(w / "ref.f32"), "2"], check=True, capture_output=True)
+    from fideval.store import StoreWriter
+
+    rows = np.fromfile(w / "ref.f32", "<f4").reshape(base.n_chunk, base.rows, base.n_vocab)
+    sw = StoreWriter(w / "llama-rows", {"model_id": "tiny-llama", "model_revision": "local", "tokenizer_sha256": "0" * 64,
+                                        "vocab_size": base.n_vocab, "kind": "logits"})
+    for k in range(base.n_chunk):
+        sw.write(f"c-{k:03d}", rows[k], tokens[k].astype(np.int32), window_id=f"c-{k:03d}", domain="c", row_start=base.first)
+    sw.finish()
+    subprocess.run([sys.executable, "-m", "fideval", "export-llamacpp", str(w / "llama-rows"), str(w / "again.kld")], check=True)
+    same = (w / "again.kld").read_bytes() == (w / "base.kld").read_bytes()
+    print(f"fideval's export of llama.cpp's own logits {'is' if same else 'IS NOT'} llama-perplexity's base.kld, byte for byte")
+    (FIXTURE / "ref_logits.f32").write_bytes((w / "ref.f32").read_bytes())
     for mix in a.mix:
         cand = w / f"cand-{mix}.gguf"
         if not cand.exists():
