@@ -11,9 +11,11 @@ MLA), their dimensions chosen so that some rows are not a multiple of 256 (the K
 even of 32 (the F16 fallback), with 8+ layers for ``use_more_bits``; converts each with llama.cpp's own
 ``convert_hf_to_gguf.py`` to F32 (the demo tokenizer is copied in; its BPE pre-tokenizer is unknown to the
 converter, so the wrapper answers ``gpt-2`` for it -- the vocabulary does not matter to the mixes); runs
-``llama-quantize`` with every mix of :data:`fideval.quant.gguf_mixes.MIXES`; and reads each output's tensor
-types with gguf-py. ``tests/data/llamacpp/mix_vectors.json`` keeps, per model, the metadata llama-quantize
-reads, every tensor's name, ``ne`` and source type, and per mix the type llama.cpp gave each tensor.
+``llama-quantize`` with every mix of :data:`fideval.quant.gguf_mixes.MIXES` (and with ``--imatrix``, a legacy
+file of ones, for the mixes an importance matrix changes: :data:`IMATRIX_MIXES`); and reads each output's tensor
+types with gguf-py (Q2_K_S without an imatrix, which llama-quantize refuses to write, from its ``--dry-run``).
+``tests/data/llamacpp/mix_vectors.json`` keeps, per model, the metadata llama-quantize reads, every tensor's name,
+``ne`` and source type, and per mix the type llama.cpp gave each tensor (``mixes``, ``mixes_imatrix``).
 ``tests/test_quant_gguf_mixes.py`` asserts that :func:`fideval.quant.gguf_mixes.mix_types` gives the same.
 Nothing of llama.cpp is copied into the repository.
 """
