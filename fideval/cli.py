@@ -34,6 +34,7 @@ VERBS = [
     (None, "teacher", teacher.teacher),
     (None, "verify", store.verify),
     (None, "import-llamacpp", store.import_llamacpp_cmd),
+    (None, "export-llamacpp", store.export_llamacpp_cmd),
     ("quant", "inspect", quant.inspect),
     ("quant", "formats", quant.formats),
     (None, "score", score.score),

@@ -511,6 +511,24 @@ def _(t, tok):
     return ["import-llamacpp", _kld(t), "--out", t / "st", "--bos-id", "999"], ["--bos-id 999", "base.kld"]
 
 
+@case("llama.cpp export: altered shard")
+def _(t, tok):
+    root = make_store(t / "store")
+    shard = root / "shards" / "code-001.safetensors"
+    flip_byte(shard, shard.stat().st_size // 2)  # a logit byte: the hash check on reading refuses it
+    return ["export-llamacpp", root, t / "out.kld"], ["code-001", "SHA-256"]
+
+
+@case("llama.cpp export: sequences of two lengths")
+def _(t, tok):
+    from fideval.store import StoreWriter
+
+    w = StoreWriter(t / "store", json.loads((make_store(t / "store") / "manifest.json").read_text())["meta"])
+    w.write("code-009", np.zeros((12, 32), np.float32), np.zeros(12, np.int32), window_id="code-009", domain="code")
+    w.finish()
+    return ["export-llamacpp", t / "store", t / "out.kld"], ["store", "2 lengths (12, 16)", "--n-ctx"]
+
+
 # == quant inspect: checkpoints and GGUF files =================================================================
 def _ckpt(t: Path) -> Path:
     return write_checkpoint(t / "ckpt")

@@ -29,8 +29,9 @@ def inspect(
             raise FidevalError(f"--quant does not apply to {model}: a GGUF file is already quantized",
                                hint="drop --quant to see its formats")
         from fideval.quant.gguf_file import gguf_bits
+        from fideval.quant.gguf_mixes import gguf_mix_inputs, matching_mixes
 
-        t = {**gguf_bits(model), "base_dtype": "GGUF"}
+        t = {**gguf_bits(model), "base_dtype": "GGUF", "llama_quantize_mixes": matching_mixes(*gguf_mix_inputs(model))}
     elif not quant:
         raise FidevalError("--quant is required for a checkpoint folder", hint="e.g. --quant routed_experts=mxfp4")
     else:
@@ -52,6 +53,10 @@ def _print_table(model: Path, t: dict) -> None:
         typer.echo(f"{cls:<16} {r['format'] or '-':<12} {r['recipe'] or '-':<18} {r['group'] or '-':>5} "
                    f"{r['tensors']:>7} {r['params']:>14,} {r['bpw']:>8.4f}")
     typer.echo(f"{'total':<16} {'':<12} {'':<18} {'':>5} {'':>7} {t['total']['params']:>14,} {t['total']['bpw']:>8.4f}")
+    if "llama_quantize_mixes" in t:
+        mixes = t["llama_quantize_mixes"]
+        typer.echo(f"llama-quantize mix: {' or '.join(mixes)} (every tensor's type as that mix gives it)" if mixes else
+                   "llama-quantize mix: none (no named mix gives every tensor its type: hand-mixed or --tensor-type)")
 
 
 def formats() -> None:

@@ -1,4 +1,5 @@
-"""``fideval verify`` and ``fideval import-llamacpp``: check a logit store; turn a llama.cpp KLD base into one."""
+"""``fideval verify``, ``import-llamacpp`` and ``export-llamacpp``: check a logit store; turn a llama.cpp KLD base
+into one, and one into a llama.cpp KLD base."""
 
 from pathlib import Path
 from typing import Annotated
@@ -50,3 +51,25 @@ def import_llamacpp_cmd(
                             tokenizer_sha256=tokenizer_sha256, domain=domain, bos_id=bos_id)
     typer.echo(f"{out}: {s['shards']} shards ({s['written']} written) from {s['chunks']} chunks of {s['n_ctx']} tokens, "
                f"{s['rows_per_chunk']} rows each, vocab {s['n_vocab']}")
+
+
+def export_llamacpp_cmd(
+    store: Annotated[str, typer.Argument(help="teacher store folder or hf://datasets/ORG/NAME@REV/sub")],
+    out: Annotated[Path, typer.Argument(help="the --kl-divergence-base file to write (e.g. teacher.kld)")],
+    n_ctx: Annotated[int | None, typer.Option(
+        "--n-ctx", help="export only the sequences of this length (default: the store's one length)")] = None,
+) -> None:
+    """Write a teacher store as a llama.cpp --kl-divergence-base file (llama-perplexity -c N, N the sequences' length)."""
+    from fideval.errors import FidevalError
+    from fideval.store.llamacpp_export import export_llamacpp
+
+    if out.is_dir():
+        raise FidevalError(f"{out} is a folder", hint="give the file to write, e.g. teacher.kld")
+    s = export_llamacpp(store, out, n_ctx=n_ctx)
+    if s["lossy"]:
+        typer.echo(f"fideval: warning: {store} is itself lossy ({s['lossy']}); its rows were re-encoded", err=True)
+    skipped = f"; {s['skipped']} sequences of other lengths skipped" if s["skipped"] else ""
+    typer.echo(f"{out}: {s['chunks']} chunks of {s['n_ctx']} tokens ({s['first']} .. {s['last']}, sorted), "
+               f"{s['rows_per_chunk']} rows each (positions {s['n_ctx'] // 2}..{s['n_ctx'] - 2}), vocab {s['n_vocab']}"
+               f"{skipped}; score a GGUF with: llama-perplexity -m MODEL.gguf --kl-divergence-base {out} "
+               f"--kl-divergence -c {s['n_ctx']}")

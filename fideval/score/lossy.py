@@ -17,6 +17,8 @@ from typing import Any
 
 import torch
 
+from fideval.store.llamacpp import encode_rows
+
 RULE_ENCODE = "llama.cpp uint16 log-prob encoding applied to the candidate (top 16 nats, 65535 steps, floor)"
 RULE_BOTH = "none: teacher and candidate are both lossy stores, scored as stored"
 
@@ -42,13 +44,5 @@ def llamacpp_roundtrip(logits: torch.Tensor) -> torch.Tensor:
 
 
 def _roundtrip(logits: torch.Tensor) -> torch.Tensor:
-    x = logits.float()
-    mx = x.amax(-1, keepdim=True)
-    mn = torch.maximum(x.amin(-1, keepdim=True), mx - 16)
-    lse = torch.log(torch.exp(x - mx).double().sum(-1, keepdim=True)).float()
-    min_lp = (mn - mx) - lse
-    scale = (mx - mn) / 65535.0
-    inv = torch.where(scale != 0, 1 / scale, torch.zeros_like(scale))
-    code = torch.round(inv * (x - mn))  # nearest_int: half to even, as torch.round
-    code = torch.where((x > mn) & (scale != 0), code, torch.zeros_like(code))
+    scale, min_lp, code = encode_rows(logits)
     return code * scale + min_lp

@@ -37,6 +37,27 @@ LOSSY = ("llama.cpp uint16 log-probs: only the top 16 nats of each row are resol
          "of each chunk has rows (row_start = n_ctx/2)")
 
 
+def encode_rows(logits: Any) -> tuple[Any, Any, Any]:
+    """perplexity.cpp's ``log_softmax(n_vocab, logits, uint16_t * log_prob, tok)`` for rows of logits (a torch
+    tensor ``[rows, V]``): ``(scale, min_log_prob, codes)``, the first two float32 ``[rows, 1]``, codes float32
+    ``[rows, V]`` holding integers (0..65535; cast to uint16 to store them).
+
+    As the C code: float32 throughout except the sum of ``exp(logit - max)``, which is float64;
+    ``nearest_int`` rounds half to even (as ``torch.round``); every code is 0 when ``scale`` is 0."""
+    import torch
+
+    x = logits.float()
+    mx = x.amax(-1, keepdim=True)
+    mn = torch.maximum(x.amin(-1, keepdim=True), mx - 16)
+    lse = torch.log(torch.exp(x - mx).double().sum(-1, keepdim=True)).float()
+    min_lp = (mn - mx) - lse
+    scale = (mx - mn) / 65535.0
+    inv = torch.where(scale != 0, 1 / scale, torch.zeros_like(scale))
+    code = torch.round(inv * (x - mn))
+    code = torch.where((x > mn) & (scale != 0), code, torch.zeros_like(code))
+    return scale, min_lp, code
+
+
 def row_words(n_vocab: int) -> int:
     """uint16 words per stored row: 2 float32 + n_vocab codes, padded to an even count of codes."""
     return 2 * ((n_vocab + 1) // 2) + 4
