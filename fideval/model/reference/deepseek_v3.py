@@ -200,11 +200,16 @@ class DeepseekV3Driver:
         with self._vendor():
             return self._fill(block, f"layers.{i}.")
 
-    def begin(self, tokens: torch.Tensor) -> torch.Tensor:
+    def _load_embed(self) -> torch.nn.Module:
+        """The vendor's ``ParallelEmbedding`` with this rank's vocabulary rows, loaded once and kept."""
         if self._embed is None:
             emb = self._build(lambda: self.m.ParallelEmbedding(self.args.vocab_size, self.args.dim))
             with self._vendor():
                 self._embed = self._fill(emb, "embed.")
+        return self._embed
+
+    def begin(self, tokens: torch.Tensor) -> torch.Tensor:
+        self._load_embed()
         if tokens.shape[1] > self.args.max_seq_len:
             raise FidevalError(f"sequences of {tokens.shape[1]} tokens exceed the model's {self.args.max_seq_len}",
                                hint="use shorter windows")
