@@ -71,7 +71,8 @@ def _settings(config: Path | None, **given) -> dict:
 
         cfg = load_config(config)
         files = locate(cfg.model.path, cfg.model.revision) if "model" not in got else None
-        base = {"model_id": cfg.model.id, "device": cfg.teacher.device, "dtype": cfg.teacher.dtype,
+        base = {"model_id": cfg.model.id, "implementation": cfg.model.implementation, "code": cfg.model.code,
+                "trust_remote_code": cfg.model.trust_remote_code, "device": cfg.teacher.device, "dtype": cfg.teacher.dtype,
                 "micro_batch": cfg.teacher.micro_batch, "mlp_tokens": cfg.teacher.mlp_tokens, "chunk_bytes": cfg.teacher.chunk_bytes}
         if files is not None:
             base.update(model=files.folder, model_revision=files.revision or cfg.model.revision)
