@@ -190,7 +190,7 @@ class DeepseekV3Driver:
             return
         for name, mod in module.named_modules():
             if isinstance(mod, self.m.Linear):
-                fn = self.act_transform.get(module_class_of(names.to_hf(f"{prefix}{name}.weight")))
+                fn = self.act_transform.get(module_class_of(names.to_hf(f"{prefix}{name}".rstrip(".") + ".weight")))
                 if fn is not None:
                     mod.register_forward_pre_hook(lambda _m, a, f=fn: (f(a[0]), *a[1:]))
 
@@ -261,9 +261,10 @@ class DeepseekV3Driver:
         return logits
 
     # -- the parity oracle (tests) -----------------------------------------------------------------------
-    def vendor_logits(self, tokens: torch.Tensor) -> torch.Tensor:
+    def vendor_logits(self, tokens: torch.Tensor, prepare=None) -> torch.Tensor:
         """The vendor's own ``Transformer.forward`` on the same weights (every tensor as this driver reads it,
-        FP8 weights with their scales as the vendor's loader leaves them): float32 [B, V], last position."""
+        FP8 weights with their scales as the vendor's loader leaves them): float32 [B, V], last position.
+        ``prepare(model)``, when given, runs on the loaded model first (a test's own hooks)."""
         args = dataclasses.replace(self.args, max_batch_size=tokens.shape[0],
                                    dtype="fp8" if self.release is not None else "bf16", scale_fmt=self.scale_fmt)
         with self._vendor():
@@ -277,6 +278,8 @@ class DeepseekV3Driver:
                 elif name != "head":
                     self._fill_vendor(mod, f"{name}.")
             self._fill_vendor(model.head, "head.", torch.get_default_dtype())
+            if prepare is not None:
+                prepare(model)
             out = model(tokens.to(self.device))
         return out.to(torch.float32)
 
