@@ -14,7 +14,10 @@ config says; those are one-line errors here, not silently different models:
   the config asks for YaRN (caches are sized per chunk by the driver, not by ``max_seq_len``).
 
 The vendor's ``Gate`` has its ``e_score_correction_bias`` only when ``dim == 7168`` (the 671B model); a
-smaller model's bias is not used by the reference code, whatever the release holds.
+smaller model's bias is not used by the reference code, whatever the release holds, and without it the vendor
+ranks expert groups by their best score (``amax``) where transformers (and the vendor at 7168) sums the top 2:
+on a small model with ``n_group > 1`` the two implementations route differently (docs/runner.md measures it).
+A config without ``scoring_func`` routes by sigmoid, as transformers' DeepSeek-V3 always does.
 """
 
 from __future__ import annotations
@@ -57,7 +60,7 @@ def model_args(model_module, cfg: dict, where: str = "config.json"):
     for key, want, what in checks:
         if key in cfg and cfg[key] != want:
             raise _bad(where, what.format(cfg[key]))
-    score = cfg.get("scoring_func", "softmax")
+    score = cfg.get("scoring_func", "sigmoid")  # what transformers' DeepSeek-V3 always computes (and the releases say)
     if score not in ("softmax", "sigmoid"):
         raise _bad(where, f"scoring_func {score!r}")
     if score == "sigmoid" and cfg.get("norm_topk_prob", True) is not True:
