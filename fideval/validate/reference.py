@@ -1,10 +1,11 @@
 """``model.implementation: reference``: what the reference-code backend would refuse, found in seconds.
 
-Asked of the very code the run uses (:func:`fideval.model.reference.runner.open_driver`), before any weight
-is read: the code folder (``model.code``), the trust flag, the code defining the classes its family driver
-uses, a config.json the vendor's ``ModelArgs`` cannot take (``model.path``), and a ``teacher.model_parallel``
-that does not divide what the vendor's code cuts (vocabulary, experts, heads). Importing the code runs it:
-validate does so only under ``model.trust_remote_code: true``, as the run would.
+Asked of the very code the run uses (:func:`fideval.model.reference.runner.open_driver`, from config.json
+alone: no weight is read, none need be local): the code folder (``model.code``), the trust flag, the code
+defining the classes its family driver uses, a config.json the vendor's ``ModelArgs`` cannot take
+(``model.path``), and a ``teacher.model_parallel`` that does not divide what the vendor's code cuts
+(vocabulary, experts, heads). Importing the code runs it: validate does so only under
+``model.trust_remote_code: true``, as the run would.
 """
 
 from __future__ import annotations
@@ -23,7 +24,7 @@ def check(cfg: Any, folder, found: Findings) -> None:
         found.notes.append("the reference code is checked once the model folder is local")
         return
     from fideval.model.reference.code import resolve_code_dir
-    from fideval.model.reference.runner import open_driver
+    from fideval.model.reference.runner import check as check_code
 
     try:
         code = resolve_code_dir(folder, cfg.model.code)
@@ -31,13 +32,13 @@ def check(cfg: Any, folder, found: Findings) -> None:
         found.add("model.code", e)
         return
     try:
-        open_driver(folder, code=cfg.model.code, trust=cfg.model.trust_remote_code, device="cpu")
+        check_code(folder, code=cfg.model.code, trust=cfg.model.trust_remote_code)
     except FidevalError as e:
         found.add("model.code" if str(code) in e.message else "model.path", e)
         return
     n = cfg.teacher.model_parallel
     if n > 1:
         try:
-            open_driver(folder, code=cfg.model.code, trust=cfg.model.trust_remote_code, device="cpu", world=n)
+            check_code(folder, code=cfg.model.code, trust=cfg.model.trust_remote_code, world=n)
         except FidevalError as e:
             found.add("teacher.model_parallel", e)

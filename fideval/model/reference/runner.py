@@ -170,7 +170,33 @@ def iter_logits(weights: WeightSource | str | Path, sequences, options, *, timel
                                timeline=timeline).iter_logits(sequences, skip=skip)
 
 
+class ConfigOnly:
+    """A :class:`~fideval.model.checkpoint.WeightSource` with the config and no tensors: what ``fideval validate``
+    hands a driver (whose constructor reads no weight), so a model whose weights are not local yet is checked."""
+
+    def __init__(self, folder: str | Path):
+        import json
+
+        from fideval.model.fp8_release import detect
+
+        self.dir = self.config_dir = Path(folder)
+        cfg = self.dir / "config.json"
+        try:
+            self.config_dict = json.loads(cfg.read_text())
+        except (OSError, ValueError) as e:
+            raise FidevalError(f"{cfg} is not readable JSON ({type(e).__name__})", hint="fix or re-download config.json") from None
+        self.release = detect(self.config_dict, cfg)
+
+    def __contains__(self, key: str) -> bool:
+        return False
+
+    def info(self, key: str):
+        raise FidevalError(f"{self.dir}: no weights are read here ({key!r})", hint="validate reads config.json only")
+
+    read = info
+
+
 def check(model_dir: str | Path, *, code: str | Path | None, trust: bool, world: int = 1) -> None:
     """``fideval validate``'s check of a reference-backend config: everything :func:`open_driver` refuses, in
-    seconds, without reading a weight (headers only)."""
-    open_driver(model_dir, code=code, trust=trust, device="cpu", world=world)
+    seconds, from config.json and the code alone (no weight is read, none need be local)."""
+    open_driver(ConfigOnly(model_dir), code=code, trust=trust, device="cpu", world=world)
