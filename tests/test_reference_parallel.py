@@ -80,3 +80,32 @@ def test_model_parallel_matches_one_rank(single, tmp_path, world):
     if world == 2:
         for r in range(2):  # the vendor's own forward at N = 2: the same blocks, the head on the same shape
             assert np.array_equal(np.load(tmp_path / f"r{r}-ours-last.npy"), np.load(tmp_path / f"r{r}-vendor.npy"))
+
+
+@pytest.mark.slow
+def test_teacher_under_torchrun_with_the_reference_code(single, tmp_path):
+    """The teacher's torchrun entry point with --implementation reference: 2 gloo ranks, rank 0 writes, the
+    store equals the one-rank store within the bound and records model parallel 2 and the code."""
+    import json
+    import subprocess
+    import sys
+
+    from fideval.model.teacher import run_teacher
+    from fideval.store import StoreReader
+    from fideval.windows.layout import Sequences, length_dir, write_sequences
+
+    folder, toks, _, _ = single
+    write_sequences(length_dir(tmp_path / "w", "windows", 16), Sequences(["a-000", "b-000"], ["a", "b"], toks[:2].astype(np.int32)))
+    run_teacher(folder, tmp_path / "w", tmp_path / "one", kinds=("windows",), device="cpu", implementation="reference",
+                trust_remote_code=True)
+    env = {k: v for k, v in os.environ.items() if k not in ("RANK", "WORLD_SIZE", "LOCAL_RANK")}
+    res = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2", "--master-port",
+                          str(_free_port()), "-m", "fideval.model.teacher", "--model", str(folder), "--windows",
+                          str(tmp_path / "w"), "--out", str(tmp_path / "two"), "--device", "cpu", "--lengths", "windows",
+                          "--implementation", "reference", "--trust-remote-code"],
+                         capture_output=True, text=True, timeout=600, env=env)
+    assert res.returncode == 0, res.stderr[-3000:]
+    one, two = StoreReader(tmp_path / "one"), StoreReader(tmp_path / "two")
+    meta = json.loads(two.meta["teacher"])
+    assert meta["model_parallel"] == 2 and meta["implementation"] == "reference" and json.loads(two.meta["canary"])["identical"]
+    assert max(float(np.abs(one.read(s)[0] - two.read(s)[0]).max()) for s in one.seq_ids) <= BOUND
