@@ -130,6 +130,22 @@ class DeepseekV3Driver:
         t = self.weights.read(hf, rows=rows) if rows else self.weights.read(hf)
         return t if rows else names.rank_slice(t, dim, self.rank, self.world, hf)
 
+    def _read_all(self, module: torch.nn.Module, prefix: str, linears: set[str]) -> dict:
+        """Every release tensor ``module`` needs (fp8 weights with their scales), read on the checkpoint's reader
+        pool at once: a DeepSeek-V3 MoE layer is 800 tensors of ~15 MB, too many to read one after another."""
+        from fideval.model.checkpoint import _pool
+
+        jobs = {}
+        for name, _ in module.named_parameters():
+            owner, _, leaf = name.rpartition(".")
+            if owner in linears and leaf == "scale":
+                continue
+            hf, dim = names.plan(prefix + name)
+            jobs[hf] = dim
+            if self.weights.info(hf).dtype == torch.float8_e4m3fn:
+                jobs[hf + SCALE] = dim
+        return {k: _pool().submit(self._read, k, d) for k, d in jobs.items()}
+
     def _fill(self, module: torch.nn.Module, prefix: str, dtype: torch.dtype | None = None) -> torch.nn.Module:
         """Load every parameter of a freshly built (meta) vendor module from the release; ``prefix``: its vendor
         name in the whole ``Transformer`` (``layers.3.``, ``embed.``, ...); ``dtype``: floats' dtype (the run's)."""
@@ -137,12 +153,13 @@ class DeepseekV3Driver:
         linears = {n for n, mod in module.named_modules() if isinstance(mod, self.m.Linear)}
         sd: dict[str, torch.Tensor] = {}
         scales: dict[str, torch.Tensor] = {}
+        reads = self._read_all(module, prefix, linears)
         for name, p in module.named_parameters():
             owner, _, leaf = name.rpartition(".")
             if owner in linears and leaf == "scale":
                 continue  # the vendor's fp8 scale parameter: filled with its weight below
             hf, dim = names.plan(prefix + name)
-            t = self._read(hf, dim).to(self.device)
+            t = reads[hf].result().to(self.device)
             if tuple(t.shape) != tuple(p.shape):
                 raise FidevalError(f"{getattr(self.weights, 'dir', '')}: tensor {hf!r} gives {list(t.shape)} on rank "
                                    f"{self.rank}, the reference code expects {list(p.shape)}",
@@ -153,7 +170,7 @@ class DeepseekV3Driver:
                 if dim is not None and self.world > 1 and (self.weights.info(hf).shape[dim] // self.world) % self.block_size:
                     raise FidevalError(f"{hf}: its FP8 blocks of {self.block_size} do not split over {self.world} ranks",
                                        hint="choose a model-parallel size whose slices hold whole scale blocks")
-                s = self._read(hf + SCALE, dim).to(self.device)
+                s = reads[hf + SCALE].result().to(self.device)
                 if transform:
                     t = kernels_v3.dequant_f32(t, s, self.block_size).to(dtype)
                 else:
