@@ -127,3 +127,16 @@ def test_reference_without_trust_is_a_one_line_refusal(taught):
     res = run_fideval("teacher", "--config", path, "--windows", taught["tmp"] / "w", "--out", taught["tmp"] / "never2")
     assert "set model.trust_remote_code: true" in res.error()
     assert not (taught["tmp"] / "never2").exists()
+
+
+def test_teacher_options_select_the_reference_code_without_a_config(taught, tmp_path):
+    w = taught["tmp"] / "w" / "cuts-8" / "tokens.safetensors"
+    res = run_fideval("teacher", "--model", taught["model"], "--windows", w, "--lengths", "cuts", "--device", "cpu",
+                      "--micro-batch", "2", "--implementation", "reference", "--out", tmp_path / "never")
+    assert "needs explicit trust" in res.error() and not (tmp_path / "never").exists()
+    res = run_fideval("teacher", "--model", taught["model"], "--windows", w, "--lengths", "cuts", "--device", "cpu",
+                      "--micro-batch", "2", "--implementation", "reference", "--trust-remote-code", "--out", tmp_path / "s")
+    assert res.code == 0, res.stderr
+    a, b = StoreReader(tmp_path / "s"), StoreReader(taught["tmp"] / "teacher")
+    assert json.loads(a.meta["teacher"])["implementation"] == "reference"
+    assert all(np.array_equal(a.read(s)[0], b.read(s)[0]) for s in b.seq_ids)

@@ -160,6 +160,10 @@ def run_teacher(model_dir, windows_dir, out, *, kinds=KINDS, device="auto", dtyp
 
     model_dir, windows_dir, out = Path(model_dir), Path(windows_dir), Path(out)
     resolve_dtype(dtype)  # a bad name fails before any file is read
+    if implementation == "reference":  # the code, its trust, ModelArgs and the cuts: before the store exists
+        from fideval.model.reference.runner import check
+
+        check(model_dir, code=code, trust=trust_remote_code, world=int(os.environ.get("WORLD_SIZE", "1")))
     asked = {k: sizing.parse(v, "--" + k.replace("_", "-"), off=k != "micro_batch")
              for k, v in (("micro_batch", micro_batch), ("mlp_tokens", mlp_tokens), ("chunk_bytes", chunk_bytes))}
     if implementation == "reference":  # the vendor's blocks run whole per micro-batch: no throughput mode
