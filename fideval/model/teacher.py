@@ -171,6 +171,8 @@ def run_teacher(model_dir, windows_dir, out, *, kinds=KINDS, device="auto", dtyp
             raise FidevalError("--mlp-tokens (the throughput mode) is not available with the reference code",
                                hint="leave mlp_tokens auto or off with model.implementation: reference")
         asked["mlp_tokens"] = None
+        if asked["micro_batch"] == "auto":  # the vendor's attention materialises [B, L, heads, L] scores: one at a time
+            asked["micro_batch"] = 1
     windows_dir, folders = sequence_folders(windows_dir, tuple(kinds))
     model_sha, win_sha = _tokenizer_shas(model_dir, windows_dir)
     if model_sha and win_sha and model_sha != win_sha:
