@@ -94,6 +94,18 @@ class ModelRef(Strict):
     revision: str | None = Field(None, description="the checkpoint's Hub commit, recorded for provenance")
     tokenizer: str | None = Field(None, description="tokenizer folder; defaults to the model folder")
     trust_remote_code: bool = Field(False, description="run the checkpoint's own Python code (logged in the report)")
+    implementation: Literal["transformers", "reference"] = Field(
+        "transformers", description="what computes the model: transformers' modules, or the vendor's own reference "
+        "code (DeepSeek's inference/model.py, layer by layer; needs trust_remote_code; docs/runner.md)")
+    code: str = Field("inference", description="the reference code's folder (with model.py): relative to the model "
+                      "folder, or an absolute path; read only with implementation: reference")
+
+    @model_validator(mode="after")
+    def _reference_needs_trust(self) -> "ModelRef":
+        if self.implementation == "reference" and not self.trust_remote_code:
+            raise ValueError("implementation: reference runs the model repository's own Python code; "
+                             "set model.trust_remote_code: true")
+        return self
 
 
 class WindowsConfig(Strict):

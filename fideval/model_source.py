@@ -1,8 +1,8 @@
 """Where the model's files are: a local checkpoint folder, a packaged demo asset, or a Hub repository.
 
 ``hf://ORG/NAME`` is fetched with ``huggingface_hub.snapshot_download`` at the config's revision (only the
-config, safetensors and tokenizer files); the commit the revision resolved to is what gets recorded, so a
-branch name in a config still yields a reproducible report.
+config, safetensors and tokenizer files, and the reference code under ``inference/``); the commit the revision
+resolved to is what gets recorded, so a branch name in a config still yields a reproducible report.
 """
 
 from __future__ import annotations
@@ -12,8 +12,9 @@ from pathlib import Path
 
 from fideval.errors import FidevalError
 
-MODEL_FILES = ["*.json", "*.safetensors", "tokenizer*", "*.jinja", "*.txt", "*.model"]
-TOKENIZER_FILES = [p for p in MODEL_FILES if p != "*.safetensors"]  # the windows stage needs no weights
+# inference/*: the vendor's reference code (model.implementation: reference), fetched as files, run only under trust
+MODEL_FILES = ["*.json", "*.safetensors", "tokenizer*", "*.jinja", "*.txt", "*.model", "inference/*"]
+TOKENIZER_FILES = [p for p in MODEL_FILES if p not in ("*.safetensors", "inference/*")]  # the windows stage needs no weights
 
 
 @dataclass(frozen=True)

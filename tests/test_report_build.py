@@ -370,7 +370,7 @@ def test_config_gates_settings_and_provenance(demo, tmp_path):
     rep = json.loads((out / "report.json").read_text())
     assert rep["settings"]["resamples"] == 200 and rep["settings"]["seed"] == 5
     assert rep["provenance"]["reference"] == {"model_id": "fideval/demo-moe", "model_revision": "0" * 40,
-                                             "trust_remote_code": False}
+                                             "trust_remote_code": False, "implementation": "transformers"}
     assert len(rep["provenance"]["config_hash"]) == 64
     assert rep["provenance"]["candidates"]["q4"]["quant"] == {"routed_experts": {"format": "mxfp4"}}
     code, _, err = run_fideval("check", str(out))

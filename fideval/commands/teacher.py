@@ -30,6 +30,12 @@ def teacher(
         "--peak-tflops", help="the GPU's dense peak for the utilisation figure (default: by GPU name; unknown: not shown)")] = None,
     model_id: Annotated[str | None, typer.Option("--model-id", help="recorded in the store (default: folder name)")] = None,
     model_revision: Annotated[str | None, typer.Option("--model-revision", help="recorded in the store (default: 'local')")] = None,
+    implementation: Annotated[str | None, typer.Option(
+        "--implementation", help="transformers, or reference: the vendor's inference code (default: config, else transformers)")] = None,
+    code: Annotated[str | None, typer.Option(
+        "--code", help="the reference code's folder, relative to the model or absolute (default: config, else inference)")] = None,
+    trust_remote_code: Annotated[bool | None, typer.Option(
+        "--trust-remote-code/--no-trust-remote-code", help="run the model repo's code (needed by --implementation reference)")] = None,
 ) -> None:
     """Run the reference model layer by layer and store float32 logits for every position.
 
@@ -44,7 +50,17 @@ def teacher(
     kinds = tuple(x.strip() for x in lengths.split(",") if x.strip())
     sequence_folders(windows, kinds)  # a bad --windows or --lengths fails before the output folder exists
     args = _settings(config, model=model, model_id=model_id, model_revision=model_revision, device=device,
-                     dtype=dtype, micro_batch=micro_batch, mlp_tokens=mlp_tokens, chunk_bytes=chunk_bytes)
+                     dtype=dtype, micro_batch=micro_batch, mlp_tokens=mlp_tokens, chunk_bytes=chunk_bytes,
+                     implementation=implementation, code=code, trust_remote_code=trust_remote_code)
+    if args.get("implementation", "transformers") not in ("transformers", "reference"):
+        from fideval.errors import FidevalError
+
+        raise FidevalError(f"--implementation {args['implementation']!r} is not known", hint="use transformers or reference")
+    if args.get("implementation") == "reference":  # trust, code, ModelArgs, the cuts: refused before the store exists
+        from fideval.model.reference.runner import check
+
+        check(args["model_dir"], code=args.get("code"), trust=bool(args.get("trust_remote_code")),
+              world=int(os.environ.get("WORLD_SIZE", "1")))
     if int(os.environ.get("RANK", "0")) == 0:  # under torchrun rank 0 alone writes, and holds the lock
         with output_lock(out, "teacher"):
             r = run_teacher(windows_dir=windows, out=out, kinds=kinds, domains=domain or None, peak_tflops=peak_tflops, **args)
@@ -71,7 +87,8 @@ def _settings(config: Path | None, **given) -> dict:
 
         cfg = load_config(config)
         files = locate(cfg.model.path, cfg.model.revision) if "model" not in got else None
-        base = {"model_id": cfg.model.id, "device": cfg.teacher.device, "dtype": cfg.teacher.dtype,
+        base = {"model_id": cfg.model.id, "implementation": cfg.model.implementation, "code": cfg.model.code,
+                "trust_remote_code": cfg.model.trust_remote_code, "device": cfg.teacher.device, "dtype": cfg.teacher.dtype,
                 "micro_batch": cfg.teacher.micro_batch, "mlp_tokens": cfg.teacher.mlp_tokens, "chunk_bytes": cfg.teacher.chunk_bytes}
         if files is not None:
             base.update(model=files.folder, model_revision=files.revision or cfg.model.revision)

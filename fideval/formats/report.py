@@ -89,7 +89,9 @@ class Dataset(Model):
 class Provenance(Model):
     HINT = _HINT
 
-    reference: dict[str, Any] = key("`model_id`, `model_revision` (and `trust_remote_code` with `--config`)")
+    reference: dict[str, Any] = key("`model_id`, `model_revision` (and `trust_remote_code`, `implementation` with "
+                                    "`--config`; `reference_code` when a teacher ran the vendor's code: its folder, "
+                                    "SHA-256 per file and which kernel computed what)")
     base_model: str | None = key("config `report.base_model`, else the reference's model id")
     dataset: Dataset = key("the evaluation windows")
     tool: dict[str, Any] = key("fideval's name, version, git commit and Python")

@@ -16,7 +16,6 @@ bit-identical, and the verdict is kept in :attr:`Runner.canary`.
 
 from __future__ import annotations
 
-import time
 from collections.abc import Callable, Iterator
 from contextlib import nullcontext
 from dataclasses import dataclass
@@ -30,6 +29,7 @@ from fideval.model import determinism, fp8_release, hooks, parallel, profile
 from fideval.model.adapters import Adapter, expert_range
 from fideval.model.checkpoint import WeightSource, open_weights
 from fideval.model.device import resolve_device
+from fideval.model.layer_major import LayerMajor
 from fideval.model.prefetch import Ledger, Prefetch
 from fideval.model.profile import Timeline
 from fideval.model.throughput import MlpBlocks
@@ -49,7 +49,10 @@ class RunnerOptions:
     states kept on the GPU between layers (default 35 % of its free memory), else pinned on the host;
     ``mlp_tokens``: the throughput mode (fideval.model.throughput), None: whole layers per micro-batch;
     ``lean_experts`` False: transformers' own grouped_mm experts forward (an A/B in the bench);
-    ``profile``: the run's time per part (fideval.model.profile's timeline) into ``Runner.stats``."""
+    ``profile``: the run's time per part (fideval.model.profile's timeline) into ``Runner.stats``;
+    ``implementation``: ``transformers`` (this module) or ``reference`` (the vendor's own code,
+    fideval.model.reference.runner, from ``code`` relative to the model folder or absolute, which needs
+    ``trust_remote_code``; ``reference``: the family driver's own options, e.g. ``{"gemm_impl": "fp8"}``)."""
 
     device: str | torch.device = "cpu"
     dtype: torch.dtype = torch.float32
@@ -64,9 +67,13 @@ class RunnerOptions:
     mlp_tokens: int | None = None
     lean_experts: bool = True
     profile: bool = False
+    implementation: str = "transformers"
+    code: str | None = None
+    trust_remote_code: bool = False
+    reference: dict | None = None
 
 
-class Runner:
+class Runner(LayerMajor):
     """One model, one device, optionally one rank of an N-way model-parallel group (see parallel.py).
 
     ``weights``: the reference checkpoint's folder, or any :class:`WeightSource` (a real quantized build,
@@ -112,6 +119,10 @@ class Runner:
         return self.adapter.vocab_size
 
     @property
+    def hidden_size(self) -> int:
+        return int(self.adapter.config.hidden_size)
+
+    @property
     def weights_description(self) -> str:
         """What the weights are, for provenance: e.g. ``as released: FP8 E4M3, 128x128 block scales, dequantized
         to bfloat16 on cuda`` or ``as released: bfloat16`` (fideval.model.fp8_release.describe)."""
@@ -121,19 +132,6 @@ class Runner:
     def warming(self) -> bool:
         """True while the throughput mode's one-off warm-up call runs (profilers leave that call out)."""
         return self.blocks is not None and self.blocks.warming
-
-    def finish_profile(self) -> dict:
-        """``stats`` with the timeline folded (one synchronisation on a GPU): ``parts`` (seconds per part of the
-        timeline, fideval.model.profile), and as before ``attn_s``, ``moe_s``, ``mlp_s`` (dense), ``norm_s``
-        (norms and residual adds), ``moe_s_each`` / ``attn_s_each`` (ms of every MoE block / attention call)."""
-        tl = self.timeline
-        if tl.on:
-            parts = tl.fold()
-            self.stats["parts"] = parts
-            for key, part in (("attn_s", "attention"), ("moe_s", "moe"), ("mlp_s", "dense_mlp"), ("norm_s", "norms")):
-                self.stats[key] = parts.get(part, 0.0)
-            self.stats["moe_s_each"], self.stats["attn_s_each"] = list(tl.each["moe"]), list(tl.each["attention"])
-        return self.stats
 
     # -- loading (runs on the prefetch thread) -----------------------------------------------------------
     def _load(self, key: tuple):
@@ -191,73 +189,6 @@ class Runner:
         """One tensor onto the device (through pinned memory on a GPU), in ``dtype`` (fp8 dequantized there)."""
         t = self.adapter.read(key, rows=rows, pin=self.device.type == "cuda")
         return self.adapter.cast(t if self.device.type == "cpu" else t.to(self.device, non_blocking=True), dtype)
-
-    # -- execution -----------------------------------------------------------------------------------
-    def iter_logits(self, sequences, *, skip: Callable[[str], bool] | None = None, canary: bool = True,
-                    stored_digest: Callable[[str], str | None] | None = None) -> Iterator[tuple[str, torch.Tensor]]:
-        """Yield ``(seq_id, float32 [L, V])`` for each sequence not skipped, in input order.
-
-        Skipping keeps the composition: chunks, micro-batches and MLP blocks are those of a run over every
-        sequence (they shape the bits), so a chunk with any sequence to yield is computed whole and a chunk
-        with none is not computed. When the first chunk is skipped, the canary's first pass is the digest
-        ``stored_digest(seq_id)`` gives (the stored logits of the first sequence); None leaves it unchecked."""
-        emit = None if skip is None else {k for k, sid in enumerate(sequences.ids) if not skip(sid)}
-        tokens = np.asarray(sequences.tokens)
-        start = (lambda: stored_digest(sequences.ids[0])) if stored_digest is not None else None
-        for k, logits in self.run(tokens, canary=canary, emit=emit, canary_start=start):
-            yield sequences.ids[k], logits
-        if self.canary is not None:
-            self.canary["seq_id"] = sequences.ids[self.canary.pop("row")]
-
-    def run(self, tokens: np.ndarray, rows: list[int] | None = None, canary: bool = True, emit: set[int] | None = None,
-            canary_start: Callable[[], str | None] | None = None) -> Iterator[tuple[int, torch.Tensor]]:
-        """Layer-major forward of ``tokens[rows]`` (int [n, L]); yields ``(row, logits float32 [L, V])`` for the
-        rows in ``emit`` (None: all), computing only the chunks that hold one (see :meth:`iter_logits`)."""
-        if tokens.ndim != 2:
-            raise ValueError("tokens must be [n, L]")
-        rows = list(range(tokens.shape[0])) if rows is None else list(rows)
-        if tokens.size and (int(tokens.max()) >= self.vocab_size or int(tokens.min()) < 0):
-            bad = int(tokens.max()) if int(tokens.max()) >= self.vocab_size else int(tokens.min())
-            raise FidevalError(f"token id {bad} is outside the model's vocabulary of {self.vocab_size}",
-                               hint="the windows were tokenized with another tokenizer than this model's")
-        self.canary = None
-        if not rows:
-            return
-        tl = self.timeline
-        tl.start()
-        m, L, H = self.micro_batch, tokens.shape[1], int(self.adapter.config.hidden_size)
-        per_seq = L * H * torch.empty((), dtype=self.dtype).element_size()
-        per_chunk = max(m, (self.host_budget // max(per_seq, 1)) // m * m)
-        chunks = [rows[a:a + per_chunk] for a in range(0, len(rows), per_chunk)]
-        check = hooks.Canary(rows[:m] if canary else [])
-        todo = [ci for ci, chunk in enumerate(chunks) if emit is None or not emit.isdisjoint(chunk)]
-        if check.rows and todo and todo[0] != 0 and todo[-1] == len(chunks) - 1:
-            check.start = canary_start() if canary_start is not None else None  # the first pass is not recomputed
-        t0 = time.perf_counter()
-        for ci in todo:
-            chunk = chunks[ci]
-            mbs = [chunk[a:a + m] for a in range(0, len(chunk), m)]
-            extra = ci == len(chunks) - 1 and bool(check.rows)
-            if extra:
-                mbs.append(check.rows)
-            # the canary's micro-batch is its own MoE block both times: block composition changes GEMM shapes, hence bits
-            solo = {0, len(mbs) - 1} if extra or ci == 0 else set()
-            for j, row, logits in self._chunk(tokens, mbs, ci, solo, len(mbs) - 1 if extra else None):
-                if extra and j == len(mbs) - 1:
-                    with tl.part("canary"):
-                        check.last(row, logits)
-                    continue
-                if ci == 0 and j == 0:
-                    with tl.part("canary"):  # the digest of the first pass
-                        check.first(row, logits)
-                if emit is not None and row not in emit:
-                    continue  # computed for the composition only (a resumed run's finished sequence)
-                self.stats["tokens"] += L
-                yield row, logits
-        self.canary = check.verdict
-        self.stats["wall_s"] += time.perf_counter() - t0
-        if tl.on and not tl.cuda:  # free on a CPU; on a GPU finish_profile() synchronizes once
-            self.finish_profile()
 
     def _chunk(self, tokens: np.ndarray, mbs: list[list[int]], ci: int, solo: set[int] = frozenset(),
                canary: int | None = None) -> Iterator[tuple[int, int, torch.Tensor]]:
@@ -389,5 +320,17 @@ def iter_logits(weights: WeightSource | str | Path, sequences, options: RunnerOp
     """
     options = options or RunnerOptions()
     rank, world, group = parallel.init_from_env(resolve_device(options.device))
-    yield from Runner(weights, options, rank=rank, world=world, group=group, timeline=timeline).iter_logits(sequences,
-                                                                                                       skip=skip)
+    yield from make_runner(weights, options, rank=rank, world=world, group=group,
+                           timeline=timeline).iter_logits(sequences, skip=skip)
+
+
+def make_runner(weights: WeightSource | str | Path, options: RunnerOptions, **kw):
+    """The runner ``options.implementation`` names: :class:`Runner` (transformers) or the reference code's."""
+    if options.implementation == "reference":
+        from fideval.model.reference.runner import ReferenceRunner
+
+        return ReferenceRunner(weights, options, **kw)
+    if options.implementation != "transformers":
+        raise FidevalError(f"model.implementation {options.implementation!r} is not known",
+                           hint="use transformers or reference")
+    return Runner(weights, options, **kw)

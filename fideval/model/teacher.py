@@ -136,9 +136,12 @@ def _settings(dev, dtype: str, config, seqs: list, todo: int, out: Path, world: 
 def run_teacher(model_dir, windows_dir, out, *, kinds=KINDS, device="auto", dtype="float32", model_id=None,
                 model_revision=None, micro_batch: int | str = "auto", mlp_tokens: int | str | None = "auto",
                 chunk_bytes: int | str | None = "auto", peak_tflops: float | None = None,
-                domains: list[str] | None = None) -> dict:
+                domains: list[str] | None = None, implementation: str = "transformers", code: str | None = None,
+                trust_remote_code: bool = False) -> dict:
     """The teacher run; returns ``written``, ``skipped``, ``canaries``, ``stats`` (the runner's), ``settings``
-    (what ran) and ``profile`` (the whole run's accounting, also in the store's manifest meta)."""
+    (what ran) and ``profile`` (the whole run's accounting, also in the store's manifest meta). ``implementation``
+    ``reference`` runs the vendor's code (``code``: its folder, relative to the model or absolute; needs
+    ``trust_remote_code``); the store's ``teacher`` block then records the code's SHA-256 per file and kernels."""
     t_start = time.perf_counter()
     import torch
 
@@ -149,7 +152,7 @@ def run_teacher(model_dir, windows_dir, out, *, kinds=KINDS, device="auto", dtyp
     from fideval.model.flops import flops_per_token
     from fideval.model.parallel import init_from_env
     from fideval.model.profile import Timeline
-    from fideval.model.runner import Runner, RunnerOptions
+    from fideval.model.runner import RunnerOptions, make_runner
     from fideval.progress import progress
     from fideval.store import StoreWriter
     from fideval.store.background import BackgroundWriter
@@ -157,8 +160,19 @@ def run_teacher(model_dir, windows_dir, out, *, kinds=KINDS, device="auto", dtyp
 
     model_dir, windows_dir, out = Path(model_dir), Path(windows_dir), Path(out)
     resolve_dtype(dtype)  # a bad name fails before any file is read
+    if implementation == "reference":  # the code, its trust, ModelArgs and the cuts: before the store exists
+        from fideval.model.reference.runner import check
+
+        check(model_dir, code=code, trust=trust_remote_code, world=int(os.environ.get("WORLD_SIZE", "1")))
     asked = {k: sizing.parse(v, "--" + k.replace("_", "-"), off=k != "micro_batch")
              for k, v in (("micro_batch", micro_batch), ("mlp_tokens", mlp_tokens), ("chunk_bytes", chunk_bytes))}
+    if implementation == "reference":  # the vendor's blocks run whole per micro-batch: no throughput mode
+        if asked["mlp_tokens"] not in (None, "auto"):
+            raise FidevalError("--mlp-tokens (the throughput mode) is not available with the reference code",
+                               hint="leave mlp_tokens auto or off with model.implementation: reference")
+        asked["mlp_tokens"] = None
+        if asked["micro_batch"] == "auto":  # the vendor's attention materialises [B, L, heads, L] scores: one at a time
+            asked["micro_batch"] = 1
     windows_dir, folders = sequence_folders(windows_dir, tuple(kinds))
     model_sha, win_sha = _tokenizer_shas(model_dir, windows_dir)
     if model_sha and win_sha and model_sha != win_sha:
@@ -169,7 +183,9 @@ def run_teacher(model_dir, windows_dir, out, *, kinds=KINDS, device="auto", dtyp
     ckpt = open_weights(model_dir)
     adapter = Adapter.load(ckpt)  # the config, checked: sizing needs it before the runner
     vocab = adapter.vocab_size
-    block = {"runner": "fideval.model.runner", "arch": adapter.arch, "dtype": dtype, "device": dev.type, "model_parallel": world,
+    runner_module = "fideval.model.reference.runner" if implementation == "reference" else "fideval.model.runner"
+    block = {"runner": runner_module, "implementation": implementation, "arch": adapter.arch, "dtype": dtype,
+             "device": dev.type, "model_parallel": world,
              # CPU float sums change order with the thread count: part of what makes logits reproducible
              "torch_threads": torch.get_num_threads() if dev.type == "cpu" else None, "lm_head": "float32",
              "weights": fp8_release.describe(ckpt, adapter.release, resolve_dtype(dtype), dev)}
@@ -194,11 +210,15 @@ def run_teacher(model_dir, windows_dir, out, *, kinds=KINDS, device="auto", dtyp
     todo = sum(len(s.ids) - sum(sid in done for sid in s.ids) for s in seqs)
     st = _settings(dev, dtype, adapter.config, seqs, todo, out, world, group, asked)
     block.update(st.recorded())
+    timeline = Timeline(dev)
+    opts = RunnerOptions(device=dev, dtype=resolve_dtype(dtype), profile=True, implementation=implementation, code=code,
+                         trust_remote_code=trust_remote_code, **st.runner_options())
+    runner = make_runner(model_dir, opts, rank=rank, world=world, group=group, timeline=timeline)
+    if implementation == "reference":
+        block["reference_code"] = runner.provenance()
+        block["weights"] = runner.weights_description
     if writer is not None:  # before the first shard: every shard carries the store's meta
         writer.meta["teacher"] = json.dumps(block, sort_keys=True)
-    timeline = Timeline(dev)
-    opts = RunnerOptions(device=dev, dtype=resolve_dtype(dtype), profile=True, **st.runner_options())
-    runner = Runner(model_dir, opts, rank=rank, world=world, group=group, timeline=timeline)
     bg = BackgroundWriter(writer, timeline=timeline) if writer is not None else None
     canaries, written, flops = [], 0, 0.0
     startup = time.perf_counter() - t_start
@@ -270,6 +290,9 @@ def main(argv=None) -> int:
     ap.add_argument("--micro-batch", default="auto", help="sequences per attention call, or auto")
     ap.add_argument("--mlp-tokens", default="auto", help="MLP token block (throughput mode), auto, or off")
     ap.add_argument("--chunk-bytes", default="auto", help="hidden-state bytes per chunk, auto, or off (4 GiB)")
+    ap.add_argument("--implementation", default="transformers", choices=("transformers", "reference"))
+    ap.add_argument("--code", help="the reference code's folder (default: <model>/inference)")
+    ap.add_argument("--trust-remote-code", action="store_true", help="needed by --implementation reference")
     ap.add_argument("--peak-tflops", type=float, help="the GPU's peak for the utilisation figure (default: by its name)")
     ap.add_argument("--model-id")
     ap.add_argument("--model-revision")
@@ -277,7 +300,8 @@ def main(argv=None) -> int:
     try:
         r = run_teacher(a.model, a.windows, a.out, kinds=tuple(x for x in a.lengths.split(",") if x), device=a.device,
                         dtype=a.dtype, model_id=a.model_id, model_revision=a.model_revision, micro_batch=a.micro_batch,
-                        mlp_tokens=a.mlp_tokens, chunk_bytes=a.chunk_bytes, peak_tflops=a.peak_tflops)
+                        mlp_tokens=a.mlp_tokens, chunk_bytes=a.chunk_bytes, peak_tflops=a.peak_tflops,
+                        implementation=a.implementation, code=a.code, trust_remote_code=a.trust_remote_code)
     except FidevalError as e:
         print(f"fideval: error: {e.line()}", file=sys.stderr)
         return 2

@@ -89,6 +89,14 @@ def _domain_order(sets: list[RecordSet], windows: dict[str, Any] | None, cfg: Co
     return names + sorted(extra - set(names))
 
 
+def _reference_code(manifest: dict[str, Any]) -> dict[str, Any] | None:
+    """The ``reference_code`` of a teacher manifest's ``teacher`` block (a reference-code teacher), else None."""
+    try:
+        return json.loads((manifest.get("meta") or {}).get("teacher") or "{}").get("reference_code")
+    except (TypeError, ValueError, AttributeError):
+        return None
+
+
 def _provenance(
     sets: list[RecordSet],
     self_sets: list[RecordSet],
@@ -176,7 +184,10 @@ def _provenance(
         ]
     base = (cfg.report.base_model or cfg.model.id) if cfg is not None else ref["model_id"]
     if cfg is not None:  # running a checkpoint's own Python code is a provenance fact, not a detail
-        ref = {**ref, "trust_remote_code": cfg.model.trust_remote_code}
+        ref = {**ref, "trust_remote_code": cfg.model.trust_remote_code, "implementation": cfg.model.implementation}
+    codes = [c for c in (_reference_code(m) for m in manifests) if c is not None]
+    if codes:  # the vendor's code the teacher ran (the store's teacher block): SHA-256 per file, kernels
+        ref["reference_code"] = codes[0] if all(c == codes[0] for c in codes) else codes
     return {
         "reference": ref,
         "base_model": base,

@@ -91,6 +91,11 @@ def teacher_settings(cfg: Any, teacher: Any, files: Any) -> dict[str, Any]:
 
     meta, where = teacher.meta, f"teacher store {teacher.root}"
     ran = json.loads(meta["teacher"]) if meta.get("teacher") else {}
+    impl = getattr(cfg.model, "implementation", "transformers")
+    if ran and ran.get("implementation", "transformers") != impl:
+        raise FidevalError(f"config model.implementation is {impl!r} but {where} was computed by "
+                           f"{ran.get('implementation', 'transformers')!r}",
+                           hint="score candidates in the implementation the teacher ran in (their logits are comparable only then)")
     out = {}
     for key in ("dtype", *RECORDED):
         mine = getattr(cfg.teacher, key)
@@ -126,22 +131,33 @@ def run_options(files: Any, seqs: Any, settings: dict[str, Any], device: str) ->
 
 
 def _model_run(files: Any, teacher: Any, settings: dict[str, Any], device: str, checkpoint: Any = None,
-               timeline: Any = None, skip: set[str] | None = None,
+               timeline: Any = None, skip: set[str] | None = None, backend: dict[str, Any] | None = None,
                **transforms: Any) -> tuple[Iterator[CandidateShard], float, dict[str, Any]]:
     """The runner over the teacher's sequences, with the teacher's settings; ``checkpoint`` (a real build)
     stands in for the reference's weights, ``transforms`` are RunnerOptions' weight/act transforms; the
-    sequences in ``skip`` when the run starts are not yielded (nor computed, chunk by chunk). Returns the
-    shards, the model FLOPs per token and the settings as run."""
+    sequences in ``skip`` when the run starts are not yielded (nor computed, chunk by chunk); ``backend``:
+    RunnerOptions' ``implementation``/``code``/``trust_remote_code`` (the config's model section). Returns the
+    shards, the model FLOPs per token and the settings as run (with the reference code's provenance)."""
     from fideval.model.flops import flops_per_token
     from fideval.model.runner import RunnerOptions, iter_logits
 
     seqs = teacher_sequences(teacher)
     fields, config = run_options(files, seqs, settings, device)
-    opts = RunnerOptions(**fields, **transforms)
-    logits = iter_logits(checkpoint if checkpoint is not None else files.folder, seqs, opts, timeline=timeline,
-                         skip=skip.__contains__ if skip is not None else None)
+    opts = RunnerOptions(**fields, **transforms, **(backend or {}))
+    weights = checkpoint if checkpoint is not None else files.folder
     ran = {"dtype": settings["dtype"], "micro_batch": opts.micro_batch, "mlp_tokens": opts.mlp_tokens,
            "chunk_bytes": opts.host_budget_bytes}
+    if opts.implementation == "reference":  # built now: what code computed the candidate goes into score.json
+        from fideval.model import parallel
+        from fideval.model.device import resolve_device
+        from fideval.model.runner import make_runner
+
+        rank, world, group = parallel.init_from_env(resolve_device(opts.device))
+        runner = make_runner(weights, opts, rank=rank, world=world, group=group, timeline=timeline)
+        ran["reference_code"] = runner.provenance()
+        logits = runner.iter_logits(seqs, skip=skip.__contains__ if skip is not None else None)
+    else:
+        logits = iter_logits(weights, seqs, opts, timeline=timeline, skip=skip.__contains__ if skip is not None else None)
     return (CandidateShard(sid, x) for sid, x in logits), flops_per_token(config, seqs.tokens.shape[1])["total"], ran
 
 
@@ -167,7 +183,10 @@ def from_config(cfg: Any, name: str, path: str, teacher: Any, device: str) -> Ca
             "activations": "e4m3 per 1x128" if path == "serving" else "none", **info}
     timeline = Timeline(resolve_device(device))
     skip: set[str] = set()
-    shards, per_token, ran = _model_run(files, teacher, settings, device, timeline=timeline, skip=skip, **hooks)
+    backend = {"implementation": cfg.model.implementation, "code": cfg.model.code,
+               "trust_remote_code": cfg.model.trust_remote_code}
+    shards, per_token, ran = _model_run(files, teacher, settings, device, timeline=timeline, skip=skip,
+                                        backend=backend, **hooks)
     info["run_settings"] = ran
     return Candidate(name=name, path=path, shards=shards, info=info, timeline=timeline, flops_per_token=per_token,
                      skip=skip)

@@ -8,6 +8,8 @@ fail runs, so validate and the run cannot disagree:
 * :mod:`.model`      the model folder (local, or ``hf://`` in the local Hub cache): the runner's adapter
                      (architecture, transformers config), its meta layers (module classes, routed experts
                      per layer), and the model-parallel split of those experts;
+* :mod:`.reference`  with ``model.implementation: reference``: the vendor's code as the reference backend
+                     imports it (folder, classes, ``ModelArgs``, the model-parallel cuts);
 * :mod:`.tokenizer`  the tokenizer the windows stage loads, its separator tokens and chat template;
 * :mod:`.candidates` each candidate's quant spec (the candidate stage's builder) against the model's
                      classes and tensor shapes, or its real build (the classes that decode it);
@@ -54,12 +56,13 @@ class Findings:
 def check_config(cfg: Any) -> Findings:
     """Every check past the schema, in the order the stages would meet the problems."""
     from fideval.config import check_files
-    from fideval.validate import candidates, model, sizes, tokenizer
+    from fideval.validate import candidates, model, reference, sizes, tokenizer
 
     found = Findings()
     for line in check_files(cfg):  # "'key': ..." lines; kept verbatim
         found.problems.append(Problem(None, line, "fix the path or create the file"))
     probe = model.probe(cfg, found)
+    reference.check(cfg, probe.folder, found)
     model.check_parallel(cfg, probe, found)
     tokenizer.check(cfg, found)
     candidates.check(cfg, probe, found)

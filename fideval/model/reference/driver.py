@@ -19,6 +19,10 @@ Contract (every method runs under ``torch.inference_mode``):
   quant spec's hooks (:mod:`fideval.model.module_classes` names the classes; None: the reference itself).
   A config the vendor's ``ModelArgs`` rejects, or a world size that does not divide the experts or the
   vocabulary, is a one-line :class:`~fideval.errors.FidevalError` here, before any weight is read.
+* optional classmethod ``stand_ins(device) -> (modules, prefer_vendor)``: what
+  :func:`~fideval.model.reference.code.load_vendor_code` gets for this family's kernel modules (V3: torch
+  stand-ins for ``kernel``, the vendor's Triton preferred on a GPU only); absent: no stand-ins, vendor preferred.
+  Keyword options past the contract's (V3: ``gemm_impl``, ``attn_impl``) come from ``RunnerOptions.reference``.
 * ``n_layers``, ``vocab_size``, ``hidden_size`` (ints); ``kernels``: function -> what computed it.
 * ``begin(tokens) -> state``: embedding (and any per-sequence setup: Engram n-gram ids, rotary tables,
   masks) for ``tokens`` int64 [B, L] on the device, positions 0..L-1.
@@ -29,8 +33,9 @@ Contract (every method runs under ``torch.inference_mode``):
   sized for B x L, freshly reset for each call).
 * ``finish(state) -> logits``: final norm and the head in float32 over every position, full vocabulary on
   every rank (gathered as the vendor does): float32 [B, L, V].
-* ``vendor_logits(tokens) -> logits`` (tests only): the vendor's own ``Transformer.forward`` on the same
-  weights, float32 [B, V] at the last position -- the parity oracle.
+* ``vendor_logits(tokens, prepare=None) -> logits`` (tests only): the vendor's own ``Transformer.forward`` on
+  the same weights, float32 [B, V] at the last position -- the parity oracle (``prepare(model)``: a test's own
+  hooks on the vendor's model before it runs).
 """
 
 from __future__ import annotations

@@ -1,0 +1,202 @@
+"""The reference-code backend's runner: the vendor's own modules, layer by layer, through a family driver.
+
+The same interface as :class:`fideval.model.runner.Runner` (what the verbs use: ``iter_logits``, ``run``,
+``vocab_size``, ``weights_description``, ``canary``, ``stats``, ``finish_profile``, ``timeline``), and the same
+outer loop (:class:`~fideval.model.layer_major.LayerMajor`: chunks, micro-batches, skipped sequences, canary).
+Everything about the model is the driver's (:mod:`fideval.model.reference.driver`): this module never names a
+family. Per chunk: every micro-batch's state from ``driver.begin``; layer ``i`` loaded by ``driver.load_layer``
+on the prefetch thread while layer ``i-1`` computes (:class:`~fideval.model.prefetch.Prefetch`, depth 1), run by
+``driver.forward_layer`` on each micro-batch's state; ``driver.finish`` gives float32 logits over every position.
+
+States stay on the device between layers (a driver's state is its own structure, not a tensor the runner can
+page out); the chunk size still bounds them (``host_budget_bytes`` of hidden states per chunk).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator
+from contextlib import nullcontext
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from fideval.errors import FidevalError
+from fideval.model import determinism, fp8_release, profile
+from fideval.model.checkpoint import WeightSource, open_weights
+from fideval.model.device import resolve_device
+from fideval.model.hooks import check_act_transform
+from fideval.model.layer_major import LayerMajor
+from fideval.model.prefetch import Ledger, Prefetch
+from fideval.model.profile import Timeline
+from fideval.model.reference import driver as contract
+from fideval.model.reference.code import load_vendor_code, resolve_code_dir
+
+DEFAULT_HOST_BUDGET = 4 << 30
+
+
+def open_driver(weights: WeightSource | str | Path, *, code: str | Path | None = None, trust: bool = False,
+                device="cpu", dtype: torch.dtype = torch.float32, rank: int = 0, world: int = 1, group=None,
+                weight_transform: Callable | None = None, act_transform: dict | None = None, **driver_options):
+    """The family driver for ``weights`` (a checkpoint folder or a WeightSource under the reference's names) with
+    the vendor code from ``code`` (relative to the reference model folder, default ``inference``, or absolute).
+    Everything checked here is a one-line error before any weight is read: the code folder, trust, the code's
+    classes, a config the vendor's ``ModelArgs`` rejects, a world size that does not divide what it cuts."""
+    ckpt = open_weights(weights)
+    folder = resolve_code_dir(ckpt.config_dir, code)
+    cfg = ckpt.config_dict
+    device = resolve_device(device)
+    fam = _family(cfg, folder, trust)
+    cls = contract.driver_class(fam)
+    stand, prefer = cls.stand_ins(device) if hasattr(cls, "stand_ins") else ({}, True)
+    vendor = load_vendor_code(folder, trust=trust, stand_ins=stand, prefer_vendor=prefer)
+    return cls(vendor, cfg, ckpt, rank=rank, world=world, group=group, device=device, dtype=dtype,
+               weight_transform=weight_transform, act_transform=act_transform, **driver_options)
+
+
+def _family(cfg: dict, folder: Path, trust: bool) -> str:
+    """The driver family: by config.json's model_type where it names one; else by the code's own shape, which
+    needs it imported (kernels with no stand-in: a family whose kernels import on this machine)."""
+    try:
+        return contract.family_of(cfg, None)
+    except FidevalError:
+        return contract.family_of(cfg, load_vendor_code(folder, trust=trust).model)
+
+
+class ReferenceRunner(LayerMajor):
+    """One model, one device, optionally one rank of N, run by the vendor's code (``options``: a
+    :class:`~fideval.model.runner.RunnerOptions`; its ``code``, ``trust_remote_code`` and ``reference`` fields
+    select the code, the trust and the driver's own options)."""
+
+    def __init__(self, weights: WeightSource | str | Path, options, *, rank: int = 0, world: int = 1, group=None,
+                 ledger: Ledger | None = None, timeline: Timeline | None = None):
+        determinism.configure()
+        self.options = opts = options
+        self.device = resolve_device(opts.device)
+        self.dtype = opts.dtype
+        self.ckpt = open_weights(weights)
+        release = getattr(self.ckpt, "release", None)
+        if release is not None:
+            fp8_release.check(self.ckpt, release)  # before any compute
+        self.driver = open_driver(self.ckpt, code=opts.code, trust=opts.trust_remote_code, device=self.device,
+                                  dtype=self.dtype, rank=rank, world=world, group=group,
+                                  weight_transform=opts.weight_transform,
+                                  act_transform=check_act_transform(opts.act_transform), **dict(opts.reference or {}))
+        self.rank, self.world, self.group = rank, world, group
+        self.micro_batch = max(1, int(opts.micro_batch))
+        self.host_budget = opts.host_budget_bytes or DEFAULT_HOST_BUDGET
+        self.ledger = ledger or Ledger()
+        self.stats = {"load_s": 0.0, "wait_s": 0.0, "tokens": 0, "wall_s": 0.0, "chunks": 0}
+        self.timeline = timeline if timeline is not None else Timeline(self.device, on=opts.profile)
+        self.canary = None
+        self.warming = False
+
+    @property
+    def vocab_size(self) -> int:
+        return int(self.driver.vocab_size)
+
+    @property
+    def hidden_size(self) -> int:
+        return int(self.driver.hidden_size)
+
+    @property
+    def weights_description(self) -> str:
+        release = getattr(self.ckpt, "release", None)
+        return fp8_release.describe(self.ckpt, release, self.dtype, self.device) + ", in the vendor's reference code"
+
+    def provenance(self) -> dict:
+        """What the store manifest and report.json record of the code: folder, SHA-256 per file, kernels."""
+        code = self.driver.code.provenance()
+        return {"implementation": "reference", "family": type(self.driver).__module__.rsplit(".", 1)[-1],
+                "folder": code["folder"], "files": code["files"], "modules": code["kernels"],
+                "kernels": dict(self.driver.kernels)}
+
+    def _load(self, key: tuple) -> torch.nn.Module:
+        mod = self.driver.load_layer(int(key[1]))
+        self.ledger.track(key, mod)
+        return mod
+
+    def _chunk(self, tokens: np.ndarray, mbs: list[list[int]], ci: int, solo: set[int] = frozenset(),
+               canary: int | None = None) -> Iterator[tuple[int, int, torch.Tensor]]:
+        """One chunk layer by layer (``solo`` is the transformers runner's MoE-block composition: unused here, every
+        micro-batch is its own forward); no timeline part is open across a ``yield``."""
+        drv, tl = self.driver, self.timeline
+        units = [(ci, i) for i in range(drv.n_layers)]
+        self.stats["chunks"] += 1
+        with tl.part("setup"):
+            pf = Prefetch(units, self._load, 1 if self.options.prefetch else 0, self.stats)
+
+        def mb_part(j: int):
+            return tl.part("canary", sticky=True) if j == canary else nullcontext()
+
+        try:
+            with torch.inference_mode():
+                states = []
+                for j, mb in enumerate(mbs):
+                    with mb_part(j), tl.part("embed"):
+                        ids = torch.from_numpy(np.ascontiguousarray(tokens[mb], dtype=np.int64)).to(self.device)
+                        states.append(drv.begin(ids))
+                for i in range(drv.n_layers):
+                    with tl.part("load_wait"):
+                        layer = pf.get()
+                    if tl.on:
+                        for name, part in (("attn", "attention"), ("ffn", None)):
+                            sub = getattr(layer, name, None)
+                            if sub is not None:
+                                part = part or ("moe" if hasattr(sub, "experts") else "dense_mlp")
+                                profile.module_parts(sub, tl, part)
+                    for j in range(len(states)):
+                        with mb_part(j), tl.part("norms"):  # what attention and MLP parts leave
+                            states[j] = drv.forward_layer(i, layer, states[j])
+                    del layer
+                    pf.release()
+                for j, mb in enumerate(mbs):
+                    with mb_part(j), tl.part("head"):
+                        logits = drv.finish(states[j])
+                        states[j] = None
+                    for r, row in enumerate(mb):
+                        yield j, row, logits[r]
+        finally:
+            pf.close()
+
+
+def iter_logits(weights: WeightSource | str | Path, sequences, options, *, timeline: Timeline | None = None,
+                skip: Callable[[str], bool] | None = None) -> Iterator[tuple[str, torch.Tensor]]:
+    """:func:`fideval.model.runner.iter_logits` for the reference backend (every rank under torchrun calls it)."""
+    from fideval.model import parallel
+
+    rank, world, group = parallel.init_from_env(resolve_device(options.device))
+    yield from ReferenceRunner(weights, options, rank=rank, world=world, group=group,
+                               timeline=timeline).iter_logits(sequences, skip=skip)
+
+
+class ConfigOnly:
+    """A :class:`~fideval.model.checkpoint.WeightSource` with the config and no tensors: what ``fideval validate``
+    hands a driver (whose constructor reads no weight), so a model whose weights are not local yet is checked."""
+
+    def __init__(self, folder: str | Path):
+        import json
+
+        from fideval.model.fp8_release import detect
+
+        self.dir = self.config_dir = Path(folder)
+        cfg = self.dir / "config.json"
+        try:
+            self.config_dict = json.loads(cfg.read_text())
+        except (OSError, ValueError) as e:
+            raise FidevalError(f"{cfg} is not readable JSON ({type(e).__name__})", hint="fix or re-download config.json") from None
+        self.release = detect(self.config_dict, cfg)
+
+    def __contains__(self, key: str) -> bool:
+        return False
+
+    def info(self, key: str):
+        raise FidevalError(f"{self.dir}: no weights are read here ({key!r})", hint="validate reads config.json only")
+
+    read = info
+
+
+def check(model_dir: str | Path, *, code: str | Path | None, trust: bool, world: int = 1) -> None:
+    """``fideval validate``'s check of a reference-backend config: everything :func:`open_driver` refuses, in
+    seconds, from config.json and the code alone (no weight is read, none need be local)."""
+    open_driver(ConfigOnly(model_dir), code=code, trust=trust, device="cpu", world=world)

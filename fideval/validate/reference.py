@@ -1,0 +1,44 @@
+"""``model.implementation: reference``: what the reference-code backend would refuse, found in seconds.
+
+Asked of the very code the run uses (:func:`fideval.model.reference.runner.open_driver`, from config.json
+alone: no weight is read, none need be local): the code folder (``model.code``), the trust flag, the code
+defining the classes its family driver uses, a config.json the vendor's ``ModelArgs`` cannot take
+(``model.path``), and a ``teacher.model_parallel`` that does not divide what the vendor's code cuts
+(vocabulary, experts, heads). Importing the code runs it: validate does so only under
+``model.trust_remote_code: true``, as the run would.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from fideval.errors import FidevalError
+from fideval.validate import Findings
+
+
+def check(cfg: Any, folder, found: Findings) -> None:
+    """Problems of a reference-backend config with its model in ``folder`` (None: not local yet, a note)."""
+    if getattr(cfg.model, "implementation", "transformers") != "reference":
+        return
+    if folder is None:
+        found.notes.append("the reference code is checked once the model folder is local")
+        return
+    from fideval.model.reference.code import resolve_code_dir
+    from fideval.model.reference.runner import check as check_code
+
+    try:
+        code = resolve_code_dir(folder, cfg.model.code)
+    except FidevalError as e:
+        found.add("model.code", e)
+        return
+    try:
+        check_code(folder, code=cfg.model.code, trust=cfg.model.trust_remote_code)
+    except FidevalError as e:
+        found.add("model.code" if str(code) in e.message else "model.path", e)
+        return
+    n = cfg.teacher.model_parallel
+    if n > 1:
+        try:
+            check_code(folder, code=cfg.model.code, trust=cfg.model.trust_remote_code, world=n)
+        except FidevalError as e:
+            found.add("teacher.model_parallel", e)
