@@ -60,7 +60,7 @@ def teacher(
         from fideval.model.reference.runner import check
 
         check(args["model_dir"], code=args.get("code"), trust=bool(args.get("trust_remote_code")),
-              world=int(os.environ.get("WORLD_SIZE", "1")))
+              world=int(os.environ.get("WORLD_SIZE", "1")), dtype=args.get("dtype") or "float32")
     if int(os.environ.get("RANK", "0")) == 0:  # under torchrun rank 0 alone writes, and holds the lock
         with output_lock(out, "teacher"):
             r = run_teacher(windows_dir=windows, out=out, kinds=kinds, domains=domain or None, peak_tflops=peak_tflops, **args)

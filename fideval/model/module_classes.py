@@ -11,6 +11,10 @@ module it sits in, so the same rule serves the two spellings a parameter has: on
 ``mlp.``, so on disk its experts read as no class, while the runner, which sees transformers' ``mlp.``
 names, quantizes them; kept as it is (changing it would change printed bits), see docs/runner.md.
 
+A release stored in its reference code's own module names (DeepSeek-V4.1-Flash: ``layers.3.ffn.experts.0.w1.weight``,
+``layers.3.attn.wq_a.weight``, ``head.weight``; no ``model.`` prefix, which every transformers key has) is
+classified by :func:`fideval.model.reference.deepseek_v41_weights.module_class`, the rule that driver's hooks use.
+
 A class says where a tensor belongs, not that it is quantized: :func:`quantized_class` adds the second
 condition (a floating matrix, never a norm, bias or router).
 """
@@ -33,6 +37,10 @@ def module_class_of(name: str) -> str | None:
     The router (``mlp.gate.``, ``mlp.router.``, ``mlp.shared_expert_gate.``) -> None."""
     if name.startswith("lm_head.") or name == "lm_head":
         return "lm_head"
+    if name.startswith(("layers.", "head.")):  # the reference code's own names (module docstring)
+        from fideval.model.reference.deepseek_v41_weights import module_class
+
+        return module_class(name)
     if ".self_attn." in name:
         return "attention"
     if ".mlp." not in name:

@@ -160,10 +160,12 @@ def run_teacher(model_dir, windows_dir, out, *, kinds=KINDS, device="auto", dtyp
 
     model_dir, windows_dir, out = Path(model_dir), Path(windows_dir), Path(out)
     resolve_dtype(dtype)  # a bad name fails before any file is read
-    if implementation == "reference":  # the code, its trust, ModelArgs and the cuts: before the store exists
+    drv = None
+    if implementation == "reference":  # the code, its trust, ModelArgs, dtype and the cuts: before the store exists
         from fideval.model.reference.runner import check
 
-        check(model_dir, code=code, trust=trust_remote_code, world=int(os.environ.get("WORLD_SIZE", "1")))
+        drv = check(model_dir, code=code, trust=trust_remote_code, world=int(os.environ.get("WORLD_SIZE", "1")),
+                    dtype=dtype)
     asked = {k: sizing.parse(v, "--" + k.replace("_", "-"), off=k != "micro_batch")
              for k, v in (("micro_batch", micro_batch), ("mlp_tokens", mlp_tokens), ("chunk_bytes", chunk_bytes))}
     if implementation == "reference":  # the vendor's blocks run whole per micro-batch: no throughput mode
@@ -181,14 +183,21 @@ def run_teacher(model_dir, windows_dir, out, *, kinds=KINDS, device="auto", dtyp
     dev = resolve_device(device)
     rank, world, group = init_from_env(dev)
     ckpt = open_weights(model_dir)
-    adapter = Adapter.load(ckpt)  # the config, checked: sizing needs it before the runner
-    vocab = adapter.vocab_size
+    if drv is None:
+        adapter = Adapter.load(ckpt)  # the config, checked: sizing needs it before the runner
+        vocab, arch, config, release = adapter.vocab_size, adapter.arch, adapter.config, adapter.release
+    else:  # the vendor's code is the model: its driver gives the sizes (a family transformers lacks has no config)
+        from fideval.model.reference.runner import sizing_config
+
+        arch = (ckpt.config_dict.get("architectures") or [type(drv).__name__])[0]
+        vocab, release = int(drv.vocab_size), getattr(ckpt, "release", None)
+        config = sizing_config(drv, ckpt.config_dict)
     runner_module = "fideval.model.reference.runner" if implementation == "reference" else "fideval.model.runner"
-    block = {"runner": runner_module, "implementation": implementation, "arch": adapter.arch, "dtype": dtype,
+    block = {"runner": runner_module, "implementation": implementation, "arch": arch, "dtype": dtype,
              "device": dev.type, "model_parallel": world,
              # CPU float sums change order with the thread count: part of what makes logits reproducible
              "torch_threads": torch.get_num_threads() if dev.type == "cpu" else None, "lm_head": "float32",
-             "weights": fp8_release.describe(ckpt, adapter.release, resolve_dtype(dtype), dev)}
+             "weights": fp8_release.describe(ckpt, release, resolve_dtype(dtype), dev)}
     meta = {"model_id": model_id or model_dir.name, "model_revision": model_revision or "local",
             "tokenizer_sha256": win_sha or model_sha or "unknown", "vocab_size": vocab, "kind": "logits", "teacher": block}
     writer = StoreWriter(out, meta) if rank == 0 else None
@@ -208,7 +217,7 @@ def run_teacher(model_dir, windows_dir, out, *, kinds=KINDS, device="auto", dtyp
         dist.broadcast_object_list(box, src=0, group=group)
         done = set(box[0])
     todo = sum(len(s.ids) - sum(sid in done for sid in s.ids) for s in seqs)
-    st = _settings(dev, dtype, adapter.config, seqs, todo, out, world, group, asked)
+    st = _settings(dev, dtype, config, seqs, todo, out, world, group, asked)
     block.update(st.recorded())
     timeline = Timeline(dev)
     opts = RunnerOptions(device=dev, dtype=resolve_dtype(dtype), profile=True, implementation=implementation, code=code,
@@ -229,7 +238,7 @@ def run_teacher(model_dir, windows_dir, out, *, kinds=KINDS, device="auto", dtyp
                 if all(sid in done for sid in s.ids):
                     continue
                 row = {sid: k for k, sid in enumerate(s.ids)}
-                per_token = flops_per_token(adapter.config, s.tokens.shape[1])["total"]
+                per_token = flops_per_token(config, s.tokens.shape[1])["total"]
                 # A resumed run computes the chunks that hold a missing sequence, whole: its micro-batches and MLP
                 # blocks are an uninterrupted run's, so its shards are bit-identical; the canary's first pass,
                 # when its chunk is done, is the stored shard.

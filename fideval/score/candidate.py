@@ -115,16 +115,28 @@ def teacher_settings(cfg: Any, teacher: Any, files: Any) -> dict[str, Any]:
     return out
 
 
-def run_options(files: Any, seqs: Any, settings: dict[str, Any], device: str) -> tuple[dict[str, Any], Any]:
+def run_options(files: Any, seqs: Any, settings: dict[str, Any], device: str,
+                backend: dict[str, Any] | None = None) -> tuple[dict[str, Any], Any]:
     """RunnerOptions' fields for a model run over ``seqs`` with the teacher's ``settings`` (an ``auto`` left by a
-    store that records none is sized here, fideval.model.sizing), and the reference's transformers config."""
-    from transformers import AutoConfig
-
+    store that records none is sized here, fideval.model.sizing), and the config sizing and FLOPs read: the
+    reference's transformers config, or with ``backend`` selecting the reference code its driver's
+    (:func:`fideval.model.reference.runner.sizing_config`: a family transformers lacks has none)."""
     from fideval.model import sizing
     from fideval.model.device import resolve_device, resolve_dtype
 
-    config = AutoConfig.from_pretrained(str(files.folder))
     dtype = resolve_dtype(settings["dtype"])
+    if (backend or {}).get("implementation") == "reference":
+        import os
+
+        from fideval.model.reference.runner import check, sizing_config
+
+        drv = check(files.folder, code=backend.get("code"), trust=bool(backend.get("trust_remote_code")),
+                    world=int(os.environ.get("WORLD_SIZE", "1")), dtype=dtype)
+        config = sizing_config(drv, json.loads((Path(files.folder) / "config.json").read_text()))
+    else:
+        from transformers import AutoConfig
+
+        config = AutoConfig.from_pretrained(str(files.folder))
     st = sizing.choose(resolve_device(device), dtype, config, seqs.tokens.shape[1], n_sequences=len(seqs.ids),
                        **{k: settings[k] for k in sizing.RECORDED})
     return {"device": device, "dtype": dtype, "profile": True, **st.runner_options()}, config
@@ -142,7 +154,7 @@ def _model_run(files: Any, teacher: Any, settings: dict[str, Any], device: str, 
     from fideval.model.runner import RunnerOptions, iter_logits
 
     seqs = teacher_sequences(teacher)
-    fields, config = run_options(files, seqs, settings, device)
+    fields, config = run_options(files, seqs, settings, device, backend)
     opts = RunnerOptions(**fields, **transforms, **(backend or {}))
     weights = checkpoint if checkpoint is not None else files.folder
     ran = {"dtype": settings["dtype"], "micro_batch": opts.micro_batch, "mlp_tokens": opts.mlp_tokens,

@@ -65,7 +65,7 @@ class DeepseekV3Driver:
     """One rank's view of a DeepSeek-V3 release run through the vendor's modules (see the module docstring)."""
 
     @classmethod
-    def stand_ins(cls, device: torch.device) -> tuple[dict, bool]:
+    def stand_ins(cls, device: torch.device, dtype: torch.dtype | None = None) -> tuple[dict, bool]:
         """Kernel modules for :func:`~fideval.model.reference.code.load_vendor_code`: the torch stand-ins for
         ``kernel``; the vendor's Triton kernels preferred on a GPU only."""
         return {"kernel": kernels_v3}, torch.device(device).type == "cuda"

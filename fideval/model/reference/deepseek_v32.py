@@ -104,6 +104,13 @@ def _float32_rotate(model) -> None:
 class DeepseekV32Driver:
     """The driver contract of :mod:`fideval.model.reference.driver` for DeepSeek-V3.2-Exp."""
 
+    @classmethod
+    def stand_ins(cls, device: torch.device, dtype: torch.dtype | None = None) -> tuple[dict, bool]:
+        """Kernel modules for :func:`~fideval.model.reference.code.load_vendor_code`: the torch stand-ins of
+        :mod:`.kernels_v32` for ``kernel`` (tilelang) and ``fast_hadamard_transform``; the vendor's own preferred
+        on CUDA in bfloat16 only (its tilelang ``act_quant`` is compiled for bf16 input, ``fp8_gemm`` writes bf16)."""
+        return dict(STAND_INS), torch.device(device).type == "cuda" and dtype in (None, torch.bfloat16)
+
     def __init__(self, code: VendorCode, config: dict, weights, *, rank: int = 0, world: int = 1, group=None,
                  device: torch.device | str = "cpu", dtype: torch.dtype = torch.bfloat16, weight_transform=None,
                  act_transform: dict | None = None):

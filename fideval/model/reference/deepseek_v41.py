@@ -52,14 +52,22 @@ def vendor_dtype():
     and the vendor's ``Block.__init__`` switches it to float32 for its hyper-connection parameters, so
     building a block on the prefetch thread while another computes would change what the other computes:
     vendor code runs under one lock. Only construction takes it on the prefetch thread; reading and
-    placing the weights, the slow part, runs beside the computing layer."""
+    placing the weights, the slow part, runs beside the computing layer.
+
+    Deterministic mode's ``fill_uninitialized_memory`` (on under the runner's ``determinism.configure``) is off
+    meanwhile: torch has no fill for ``float4_e2m1fn_x2``, the dtype of the vendor's FP4 expert weights, so
+    ``torch.empty`` of them fails; every such tensor is overwritten from the checkpoint before it is read."""
+    import torch.utils.deterministic as det
+
     with _VENDOR:
-        prev = torch.get_default_dtype()
+        prev, fill = torch.get_default_dtype(), det.fill_uninitialized_memory
         torch.set_default_dtype(torch.bfloat16)
+        det.fill_uninitialized_memory = False
         try:
             yield
         finally:
             torch.set_default_dtype(prev)
+            det.fill_uninitialized_memory = fill
 
 
 def model_args(m, config: dict, world: int):
@@ -130,7 +138,7 @@ class DeepseekV41Driver:
         require(code, NEEDS)
         if dtype not in (None, torch.bfloat16):
             raise FidevalError(f"the DeepSeek-V4.1 reference code computes in bfloat16 only, not {dtype}",
-                               hint="set model.dtype: bfloat16 for the reference backend (its kernels take bf16 activations)")
+                               hint="set teacher.dtype: bfloat16 (--dtype bfloat16) for this model (its kernels take bf16 activations)")
         self.code, self.m, self.weights = code, code.model, weights
         self.rank, self.world, self.device = rank, world, torch.device(device)
         self.args = model_args(self.m, config, world)
@@ -167,6 +175,20 @@ class DeepseekV41Driver:
         vendor's tilelang), and per module class the path its transformed or decoded linears took so far."""
         paths = {f"linears: {c}": ", ".join(sorted(p)) for c, p in sorted(self.loader.paths.items())}
         return {**self._kernels, **paths}
+
+    def sizing_config(self) -> dict[str, Any]:
+        """What :mod:`fideval.model.flops` and :mod:`fideval.model.sizing` read, in transformers' key names (no
+        transformers config exists for this family). An estimate, as for the families flops.py counts by their
+        keys: the MoE (routed top-k, shared expert, router) and the head are exact; attention is counted as
+        multi-query attention of ``n_heads`` x ``head_dim`` over every earlier key, where the vendor's low-rank
+        q/o projections, window, compressed KV and top-k indexing cost less. Engram and the hyper-connection
+        mixes are not counted."""
+        a = self.args
+        return {"model_type": "deepseek_v4.1", "hidden_size": a.dim, "vocab_size": a.vocab_size,
+                "num_hidden_layers": a.n_layers, "num_attention_heads": a.n_heads, "num_key_value_heads": 1,
+                "head_dim": a.head_dim, "intermediate_size": 0, "n_routed_experts": a.n_routed_experts,
+                "moe_intermediate_size": a.moe_inter_dim, "n_shared_experts": a.n_shared_experts,
+                "num_experts_per_tok": a.n_activated_experts, "first_k_dense_replace": 0}
 
     # -- per-sequence setup ----------------------------------------------------------------------------
     def begin(self, tokens: torch.Tensor) -> V41State:

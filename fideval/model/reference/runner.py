@@ -48,7 +48,7 @@ def open_driver(weights: WeightSource | str | Path, *, code: str | Path | None =
     device = resolve_device(device)
     fam = _family(cfg, folder, trust)
     cls = contract.driver_class(fam)
-    stand, prefer = cls.stand_ins(device) if hasattr(cls, "stand_ins") else ({}, True)
+    stand, prefer = cls.stand_ins(device, dtype) if hasattr(cls, "stand_ins") else ({}, True)
     vendor = load_vendor_code(folder, trust=trust, stand_ins=stand, prefer_vendor=prefer)
     return cls(vendor, cfg, ckpt, rank=rank, world=world, group=group, device=device, dtype=dtype,
                weight_transform=weight_transform, act_transform=act_transform, **driver_options)
@@ -196,7 +196,20 @@ class ConfigOnly:
     read = info
 
 
-def check(model_dir: str | Path, *, code: str | Path | None, trust: bool, world: int = 1) -> None:
+def check(model_dir: str | Path, *, code: str | Path | None, trust: bool, world: int = 1,
+          dtype: torch.dtype | str = torch.float32):
     """``fideval validate``'s check of a reference-backend config: everything :func:`open_driver` refuses, in
-    seconds, from config.json and the code alone (no weight is read, none need be local)."""
-    open_driver(ConfigOnly(model_dir), code=code, trust=trust, device="cpu", world=world)
+    seconds, from config.json and the code alone (no weight is read, none need be local). Returns the driver
+    (on :class:`ConfigOnly`: what the verbs ask of the model before the run, :func:`sizing_config`)."""
+    from fideval.model.device import resolve_dtype
+
+    dtype = resolve_dtype(dtype) if isinstance(dtype, str) else dtype
+    return open_driver(ConfigOnly(model_dir), code=code, trust=trust, device="cpu", world=world, dtype=dtype)
+
+
+def sizing_config(driver, config: dict) -> dict:
+    """What :mod:`fideval.model.sizing` and :mod:`fideval.model.flops` read for a reference-code model: the
+    driver's ``sizing_config()`` where it has one (a family transformers does not know, DeepSeek-V4.1), else the
+    checkpoint's config.json (transformers' key names: V3, V3.2)."""
+    own = getattr(driver, "sizing_config", None)
+    return own() if callable(own) else dict(config)
