@@ -122,12 +122,16 @@ def write_tiny_v41(folder: Path, *, dtype: str = "fp8", seed: int = 0, **overrid
     layout = eng.EngramLayout.from_args(args)
     cfg["engram_num_embeddings"] = [int(sum(sum(p) for p in layer)) for layer in layout.primes]
     args = m.ModelArgs(**{k: tuple(v) if isinstance(v, list) else v for k, v in cfg.items()})
-    saved = m.world_size, m.rank, m.default_dtype
+    import torch.utils.deterministic as det
+
+    saved, fill = (m.world_size, m.rank, m.default_dtype), det.fill_uninitialized_memory
+    det.fill_uninitialized_memory = False  # deterministic mode (a run in this process) has no fill for FP4
     try:
         with m.set_dtype(torch.bfloat16):
             model = m.Transformer(args, tok)
     finally:
         m.world_size, m.rank, m.default_dtype = saved
+        det.fill_uninitialized_memory = fill
     g = torch.Generator().manual_seed(seed)
     tensors: dict[str, torch.Tensor] = {}
     for name, p in model.named_parameters():

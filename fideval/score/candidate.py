@@ -167,7 +167,12 @@ def _model_run(files: Any, teacher: Any, settings: dict[str, Any], device: str, 
         rank, world, group = parallel.init_from_env(resolve_device(opts.device))
         runner = make_runner(weights, opts, rank=rank, world=world, group=group, timeline=timeline)
         ran["reference_code"] = runner.provenance()
-        logits = runner.iter_logits(seqs, skip=skip.__contains__ if skip is not None else None)
+
+        def logits_then_provenance():  # what computed the transformed linears is known once they have loaded
+            yield from runner.iter_logits(seqs, skip=skip.__contains__ if skip is not None else None)
+            ran["reference_code"] = runner.provenance()
+
+        logits = logits_then_provenance()
     else:
         logits = iter_logits(weights, seqs, opts, timeline=timeline, skip=skip.__contains__ if skip is not None else None)
     return (CandidateShard(sid, x) for sid, x in logits), flops_per_token(config, seqs.tokens.shape[1])["total"], ran

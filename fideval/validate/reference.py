@@ -31,14 +31,18 @@ def check(cfg: Any, folder, found: Findings) -> None:
     except FidevalError as e:
         found.add("model.code", e)
         return
+    from fideval.model.device import resolve_dtype
+
+    dtype = resolve_dtype(cfg.teacher.dtype)
     try:
-        check_code(folder, code=cfg.model.code, trust=cfg.model.trust_remote_code)
+        check_code(folder, code=cfg.model.code, trust=cfg.model.trust_remote_code, dtype=dtype)
     except FidevalError as e:
-        found.add("model.code" if str(code) in e.message else "model.path", e)
+        key = "model.code" if str(code) in e.message else "teacher.dtype" if f"not {dtype}" in e.message else "model.path"
+        found.add(key, e)
         return
     n = cfg.teacher.model_parallel
     if n > 1:
         try:
-            check_code(folder, code=cfg.model.code, trust=cfg.model.trust_remote_code, world=n)
+            check_code(folder, code=cfg.model.code, trust=cfg.model.trust_remote_code, world=n, dtype=dtype)
         except FidevalError as e:
             found.add("teacher.model_parallel", e)

@@ -130,14 +130,15 @@ class DeepseekV32Driver:
         self.weight_transform, self.act_transform = weight_transform, dict(act_transform or {})
         self.n_layers, self.vocab_size, self.hidden_size = self.args.n_layers, self.args.vocab_size, self.args.dim
         self.kernels = dict(code.kernels)
-        backend = ensure_process_group(self.device)
-        if backend is None and world == 1:
-            self.kernels["process_group"] = "existing (the indexer broadcasts on it)"
-        elif backend is not None:
-            if world != 1:
-                raise FidevalError(f"model-parallel world size {world} but no torch.distributed group",
-                                   hint="start the run with torchrun so that the ranks join one group")
-            self.kernels["process_group"] = f"one-process {backend} group created by the driver (the indexer broadcasts)"
+        if not getattr(weights, "config_only", False):  # a config check (validate) joins or makes no group
+            backend = ensure_process_group(self.device)
+            if backend is None and world == 1:
+                self.kernels["process_group"] = "existing (the indexer broadcasts on it)"
+            elif backend is not None:
+                if world != 1:
+                    raise FidevalError(f"model-parallel world size {world} but no torch.distributed group",
+                                       hint="start the run with torchrun so that the ranks join one group")
+                self.kernels["process_group"] = f"one-process {backend} group created by the driver (the indexer broadcasts)"
         if dtype == torch.float32:
             _float32_rotate(self.m)
             self.kernels["rotate_activation"] = "vendor's body without its bf16 assert (float32 run)"

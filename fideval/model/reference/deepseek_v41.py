@@ -142,7 +142,7 @@ class DeepseekV41Driver:
         self.code, self.m, self.weights = code, code.model, weights
         self.rank, self.world, self.device = rank, world, torch.device(device)
         self.args = model_args(self.m, config, world)
-        if world > 1:
+        if world > 1 and not getattr(weights, "config_only", False):  # a config check (validate) joins no group
             import torch.distributed as dist
 
             if not dist.is_initialized() or dist.get_world_size() != world or (group not in (None, dist.group.WORLD)):
@@ -189,6 +189,10 @@ class DeepseekV41Driver:
                 "head_dim": a.head_dim, "intermediate_size": 0, "n_routed_experts": a.n_routed_experts,
                 "moe_intermediate_size": a.moe_inter_dim, "n_shared_experts": a.n_shared_experts,
                 "num_experts_per_tok": a.n_activated_experts, "first_k_dense_replace": 0}
+
+    def describe(self) -> dict[str, Any]:
+        """What report.json records of this driver (:func:`describe`)."""
+        return describe(self)
 
     # -- per-sequence setup ----------------------------------------------------------------------------
     def begin(self, tokens: torch.Tensor) -> V41State:

@@ -107,9 +107,13 @@ class ReferenceRunner(LayerMajor):
     def provenance(self) -> dict:
         """What the store manifest and report.json record of the code: folder, SHA-256 per file, kernels."""
         code = self.driver.code.provenance()
-        return {"implementation": "reference", "family": type(self.driver).__module__.rsplit(".", 1)[-1],
-                "folder": code["folder"], "files": code["files"], "modules": code["kernels"],
-                "kernels": dict(self.driver.kernels)}
+        out = {"implementation": "reference", "family": type(self.driver).__module__.rsplit(".", 1)[-1],
+               "folder": code["folder"], "files": code["files"], "modules": code["kernels"],
+               "kernels": dict(self.driver.kernels)}
+        describe = getattr(self.driver, "describe", None)
+        if callable(describe):  # the driver's own account of the model it runs (V4.1: schedule, storage dtypes)
+            out["model"] = describe()
+        return out
 
     def _load(self, key: tuple) -> torch.nn.Module:
         mod = self.driver.load_layer(int(key[1]))
@@ -172,7 +176,11 @@ def iter_logits(weights: WeightSource | str | Path, sequences, options, *, timel
 
 class ConfigOnly:
     """A :class:`~fideval.model.checkpoint.WeightSource` with the config and no tensors: what ``fideval validate``
-    hands a driver (whose constructor reads no weight), so a model whose weights are not local yet is checked."""
+    hands a driver (whose constructor reads no weight), so a model whose weights are not local yet is checked.
+    ``config_only``: the driver checks and sizes, and joins or creates no process group (validate runs in one
+    process whatever the model-parallel size it checks)."""
+
+    config_only = True
 
     def __init__(self, folder: str | Path):
         import json
