@@ -26,8 +26,27 @@ def load_tokenizer(folder: Path, trust_remote_code: bool = False) -> Any:
     try:
         return AutoTokenizer.from_pretrained(str(folder), trust_remote_code=trust_remote_code)
     except Exception as e:
+        if (folder / "tokenizer.json").is_file() and _not_transformers_config(folder):
+            # a model only its vendor's code runs (DeepSeek-V4.1-Flash: config.json holds the vendor's ModelArgs,
+            # ``dtype: fp8``, which AutoTokenizer's config read fails on): the tokenizer files alone
+            from transformers import PreTrainedTokenizerFast
+
+            try:
+                return PreTrainedTokenizerFast.from_pretrained(str(folder))
+            except Exception:  # noqa: BLE001 -- reported as the first failure below
+                pass
         raise FidevalError(f"cannot load a tokenizer from {folder} ({type(e).__name__})",
                            hint="the folder needs tokenizer.json / tokenizer_config.json") from None
+
+
+def _not_transformers_config(folder: Path) -> bool:
+    """config.json names no transformers ``model_type`` (unreadable or absent counts as not one either)."""
+    import json
+
+    try:
+        return "model_type" not in json.loads((folder / "config.json").read_text())
+    except (OSError, ValueError, TypeError):
+        return True
 
 
 def tokenizer_sha256(folder: Path) -> str | None:
