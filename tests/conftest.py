@@ -18,3 +18,16 @@ def tokenizer_dir(tmp_path_factory) -> Path:
     """A ~600-token byte-level BPE with a chat template in a model folder (config.json + tokenizer files):
     all the windows stage and the config checks need of a model. Built once per test process."""
     return make_tokenizer(tmp_path_factory.mktemp("tokenizer") / "model")
+
+
+@pytest.fixture(scope="module", autouse=True)
+def _no_process_group_left_behind():
+    """A reference driver may create a one-process torch.distributed group in the test process (DeepSeek-V3.2's
+    indexer broadcasts even at N = 1); a module leaves none behind, so a later module's forked model-parallel
+    workers can create their own."""
+    yield
+    import sys
+
+    dist = sys.modules.get("torch.distributed")
+    if dist is not None and dist.is_available() and dist.is_initialized():
+        dist.destroy_process_group()

@@ -179,3 +179,21 @@ def test_v41_fp8_release_mxfp4_candidate_is_the_reference_bit_for_bit(tmp_path):
     assert kernels["linears: routed_experts"] == "fp4_gemm (exact re-encoding)"
     served = json.loads((tmp_path / "scored-serving" / "score.json").read_text())
     assert pl.read_parquet(tmp_path / "scored-serving" / served["records"])["kld"].to_numpy().mean() > 0
+
+
+def test_vendor_logits_runs_prepare_on_the_vendors_model(ran):
+    """The contract's ``vendor_logits(tokens, prepare)``: ``prepare`` gets the vendor's ``Transformer`` before it
+    runs (here: a forward hook doubling the head's output)."""
+    drv = _driver(ran["fam"], ran["model"])
+    store = StoreReader(ran["tmp"] / "teacher")
+    toks = _tokens(store, sorted(store.seq_ids)[:2])
+    plain = drv.vendor_logits(toks)
+    seen = []
+
+    def prepare(model):
+        seen.append(type(model).__name__)
+        model.head.register_forward_hook(lambda _m, _a, out: out * 2)
+
+    doubled = _driver(ran["fam"], ran["model"]).vendor_logits(toks, prepare=prepare)
+    assert seen == ["Transformer"]
+    assert torch.equal(doubled, 2 * plain)

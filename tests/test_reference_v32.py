@@ -23,7 +23,7 @@ from fideval.model.checkpoint import Checkpoint
 from fideval.model.reference import kernels_v32
 from fideval.model.reference.code import load_vendor_code
 from fideval.model.reference.deepseek_v32 import STAND_INS, DeepseekV32Driver, ensure_process_group
-from fideval.model.reference.deepseek_v32_names import to_hf, to_vendor
+from fideval.model.reference.deepseek_v32_names import MAPPING, to_hf, to_vendor
 
 pytestmark = pytest.mark.skipif(not (VENDOR / "model.py").is_file(), reason=f"vendor code not found at {VENDOR}")
 L = 40  # > index_topk (16): the indexer's top-k selection decides which keys late positions attend to
@@ -74,6 +74,7 @@ def test_names_invert_convert_py_rename():
     conv = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(conv)
     assert set(conv.mapping) >= {k for k in MAPPING_KEYS}
+    assert MAPPING == conv.mapping  # V3's table (names.MAPPING) plus the indexer's four, as the vendor's
     for k in keys:
         v, dim = to_vendor(k)
         name = k.removeprefix("model.").replace("self_attn", "attn").replace("mlp", "ffn")

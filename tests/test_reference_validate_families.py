@@ -40,7 +40,8 @@ def _config(tmp: Path, fam: str, model: Path, code: str | None = None, **teacher
     m = {"path": str(model), "id": f"test/{fam}", "implementation": "reference", "trust_remote_code": True}
     if code is not None:
         m["code"] = code
-    data = {"run": "v", "model": m, "domains": [CODE], "windows": {"window_tokens": 256, "cut_tokens": 64, "windows_per_domain": 2, "separator": "none"},
+    windows = {"window_tokens": 256, "cut_tokens": 64, "windows_per_domain": 2, "separator": "none"}
+    data = {"run": "v", "model": m, "domains": [CODE], "windows": windows,
             "teacher": {"dtype": DTYPE[fam], **teacher},
             "candidates": [{"name": "c", "quant": {"routed_experts": {"format": "mxfp4"}}}]}
     p = tmp / "c.yaml"

@@ -316,10 +316,11 @@ class DeepseekV32Driver:
                 logits = torch.cat(parts, dim=-1)
             return logits.float()
 
-    def vendor_logits(self, tokens: torch.Tensor) -> torch.Tensor:
+    def vendor_logits(self, tokens: torch.Tensor, prepare=None) -> torch.Tensor:
         """Tests only: the vendor's own ``Transformer.forward`` over these modules and weights (last position).
         Its ``Transformer`` is built once (the vendor's constructor sets the module globals from
-        torch.distributed), its layers replaced by :meth:`load_layer`'s and its caches sized for ``tokens``."""
+        torch.distributed), its layers replaced by :meth:`load_layer`'s and its caches sized for ``tokens``;
+        ``prepare(model)``: a test's own hooks on it before it runs."""
         bsz, length = tokens.shape
         if self._vendor is None:
             with _LOCK, default_dtype(self.dtype), torch.device(self.device):
@@ -329,6 +330,8 @@ class DeepseekV32Driver:
             self._vendor = model
         for layer in self._vendor.layers:
             self.reset_caches(layer, bsz, length)
+        if prepare is not None:
+            prepare(self._vendor)
         with default_dtype(self.dtype):
             self._set_globals()
             return self._vendor.forward(tokens.to(self.device)).float()

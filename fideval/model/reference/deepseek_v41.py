@@ -248,8 +248,9 @@ class DeepseekV41Driver:
             return head(norm(h), full_logits=True).float()
 
     # -- the parity oracle (tests) ---------------------------------------------------------------------
-    def vendor_logits(self, tokens: torch.Tensor) -> torch.Tensor:
-        """The vendor's own ``Transformer.forward`` (start_pos 0) on the same weights and hooks: float32 [B, V]."""
+    def vendor_logits(self, tokens: torch.Tensor, prepare=None) -> torch.Tensor:
+        """The vendor's own ``Transformer.forward`` (start_pos 0) on the same weights and hooks: float32 [B, V]
+        (``prepare(model)``: a test's own hooks on the vendor's model before it runs)."""
         with vendor_dtype(), torch.inference_mode():
             b, length = tokens.shape
             a = dataclasses.replace(self.args, max_batch_size=b, max_seq_len=max(length, self.args.max_seq_len),
@@ -267,6 +268,8 @@ class DeepseekV41Driver:
                     emb.weight.data, emb.scale.data = wb.view(emb.weight.dtype), sb.view(emb.scale.dtype)
             self._hooks(model, "")
             model.to(self.device)
+            if prepare is not None:
+                prepare(model)
             try:
                 _, logits, _ = model(tokens.to(self.device, torch.long))
             finally:

@@ -17,13 +17,25 @@ Contract (every method runs under ``torch.inference_mode``):
   quantized build's decoded tensors under the same names); ``weight_transform(module_class, hf_name,
   tensor) -> tensor`` and ``act_transform`` (module class -> fn on that class's input activations), the
   quant spec's hooks (:mod:`fideval.model.module_classes` names the classes; None: the reference itself).
-  A config the vendor's ``ModelArgs`` rejects, or a world size that does not divide the experts or the
-  vocabulary, is a one-line :class:`~fideval.errors.FidevalError` here, before any weight is read.
-* optional classmethod ``stand_ins(device) -> (modules, prefer_vendor)``: what
+  A config the vendor's ``ModelArgs`` rejects, a run dtype the vendor's code cannot compute in (V4.1:
+  bfloat16 only), or a world size that does not divide the experts or the vocabulary, is a one-line
+  :class:`~fideval.errors.FidevalError` here, before any weight is read. ``weights`` may be
+  :class:`~fideval.model.reference.runner.ConfigOnly` (``weights.config_only``: ``fideval validate`` and the
+  verbs' checks before their output exists): then check and size only, joining or creating no process group.
+  Otherwise the driver sets up what its vendor code needs of torch.distributed: with ``world > 1`` the default
+  process group exists (torchrun) and ``group`` is it or None; with ``world == 1`` a family whose code calls
+  collectives unguarded (V3.2's indexer broadcast) creates a one-process group itself.
+* optional classmethod ``stand_ins(device, dtype) -> (modules, prefer_vendor)``: what
   :func:`~fideval.model.reference.code.load_vendor_code` gets for this family's kernel modules (V3: torch
-  stand-ins for ``kernel``, the vendor's Triton preferred on a GPU only); absent: no stand-ins, vendor preferred.
+  stand-ins for ``kernel``, the vendor's Triton preferred on a GPU only; V3.2: for ``kernel`` and
+  ``fast_hadamard_transform``, the vendor's tilelang preferred on a GPU in bfloat16 only); absent (V4.1, whose
+  code imports its own ``kernel_cpu``): no stand-ins, vendor preferred.
   Keyword options past the contract's (V3: ``gemm_impl``, ``attn_impl``) come from ``RunnerOptions.reference``.
-* ``n_layers``, ``vocab_size``, ``hidden_size`` (ints); ``kernels``: function -> what computed it.
+* ``n_layers``, ``vocab_size``, ``hidden_size`` (ints); ``kernels``: function -> what computed it (read again
+  after a run: a driver may add what it learnt while loading, V4.1's per-class linear paths).
+* optional ``sizing_config() -> dict``: what :mod:`fideval.model.sizing` and :mod:`fideval.model.flops` read, in
+  transformers' key names, for a family transformers has no config of (V4.1); absent: the checkpoint's
+  config.json (V3, V3.2). Optional ``describe() -> dict``: the model as report.json records it (V4.1).
 * ``begin(tokens) -> state``: embedding (and any per-sequence setup: Engram n-gram ids, rotary tables,
   masks) for ``tokens`` int64 [B, L] on the device, positions 0..L-1.
 * ``load_layer(i) -> module``: build layer ``i`` with the vendor's classes (on the meta device or small,
