@@ -91,7 +91,8 @@ class Provenance(Model):
 
     reference: dict[str, Any] = key("`model_id`, `model_revision` (and `trust_remote_code`, `implementation` with "
                                     "`--config`; `reference_code` when a teacher ran the vendor's code: its folder, "
-                                    "SHA-256 per file and which kernel computed what)")
+                                    "family, SHA-256 per file, which kernel computed what, and the driver's `model` account where it "
+                                    "gives one: DeepSeek-V4.1's schedule and storage dtypes)")
     base_model: str | None = key("config `report.base_model`, else the reference's model id")
     dataset: Dataset = key("the evaluation windows")
     tool: dict[str, Any] = key("fideval's name, version, git commit and Python")
