@@ -100,3 +100,23 @@ def test_v41_in_float32_is_refused(tmp_path):
     data["teacher"]["dtype"] = "float32"
     p.write_text(yaml.safe_dump(data))
     refused(p, "teacher.dtype", "bfloat16 only", "set teacher.dtype: bfloat16")
+
+
+def test_v41_engram_without_tokenizer_json_is_refused_before_anything_runs(tmp_path):
+    """Engram hashes n-grams of the model's own tokenizer: a model folder without tokenizer.json is a one-line
+    error when the driver is opened (what the verbs do before their output folder exists), not mid-run."""
+    from fideval.errors import FidevalError
+    from fideval.model.reference.runner import check
+
+    model = _model("v41", tmp_path / "m")
+    check(model, code=None, trust=True, dtype=torch.bfloat16)
+    (model / "tokenizer.json").unlink()
+    with pytest.raises(FidevalError, match="tokenizer.json not found") as e:
+        check(model, code=None, trust=True, dtype=torch.bfloat16)
+    assert "Engram hashes n-grams" in e.value.hint
+    from test_model_teacher import _windows
+
+    _windows(tmp_path / "w", vocab=512)
+    r = run_fideval("teacher", "--model", model, "--windows", tmp_path / "w", "--out", tmp_path / "never", "--device", "cpu",
+                    "--dtype", "bfloat16", "--implementation", "reference", "--trust-remote-code")
+    assert "tokenizer.json not found" in r.error() and not (tmp_path / "never").exists()

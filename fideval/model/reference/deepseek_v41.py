@@ -159,6 +159,8 @@ class DeepseekV41Driver:
         self.loader = Loader(weights, self.names, rank, world, weight_transform, m.Linear)
         eng = code.module("engram")
         self.layout = eng.EngramLayout.from_args(a)
+        if self.layout is not None and not (weights.config_dir / "tokenizer.json").is_file():  # before any output
+            self._tokenizer()
         # each Block is built with empty Engram tables; the rows a micro-batch needs come from EngramRows
         self._build_layout = None if self.layout is None else dataclasses.replace(
             self.layout, num_embeddings=tuple(0 for _ in self.layout.num_embeddings))
