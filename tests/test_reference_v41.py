@@ -162,6 +162,7 @@ def test_bad_input_is_one_line(model, tmp_path):
     bad.mkdir()
     (bad / "model.safetensors").symlink_to(model / "model.safetensors")
     (bad / "inference").symlink_to(V41, target_is_directory=True)
+    (bad / "tokenizer.json").symlink_to(model / "tokenizer.json")
     for change, msg in (({"n_expert_groups": 2}, "does not take: n_expert_groups"),
                         ({"kv_source_layers": [3]}, "no earlier kv_source_layer"),
                         ({"n_layers": "six"}, "TypeError")):
@@ -175,12 +176,12 @@ def test_bad_input_is_one_line(model, tmp_path):
     with pytest.raises(FidevalError, match="engram_num_embeddings says"):
         _driver(bad).load_layer(0)
     (bad / "config.json").write_text(json.dumps(cfg))
-    toks = torch.zeros(1, 4, dtype=torch.long)
+    (bad / "tokenizer.json").unlink()  # Engram's tokenizer: checked when the driver opens, before any output
     with pytest.raises(FidevalError, match="tokenizer.json not found"):
-        _driver(bad).begin(toks)
+        _driver(bad)
     write_tokenizer(bad, 256)  # another model's tokenizer: 128 compressed entries, the config says 256
     with pytest.raises(FidevalError, match="has 128 entries, config.json's engram_compressed_vocab_size is 256"):
-        _driver(bad).begin(toks)
+        _driver(bad)
 
 
 # -- model parallel 2 on gloo ------------------------------------------------------------------------------

@@ -159,8 +159,6 @@ class DeepseekV41Driver:
         self.loader = Loader(weights, self.names, rank, world, weight_transform, m.Linear)
         eng = code.module("engram")
         self.layout = eng.EngramLayout.from_args(a)
-        if self.layout is not None and not (weights.config_dir / "tokenizer.json").is_file():  # before any output
-            self._tokenizer()
         # each Block is built with empty Engram tables; the rows a micro-batch needs come from EngramRows
         self._build_layout = None if self.layout is None else dataclasses.replace(
             self.layout, num_embeddings=tuple(0 for _ in self.layout.num_embeddings))
@@ -170,6 +168,8 @@ class DeepseekV41Driver:
         self._last_engram = max((i for i in a.engram_layer_ids if i < a.n_layers), default=-1)
         self._embed = self._head = self._hash = None
         self._once = threading.Lock()
+        if self.layout is not None and self._last_engram >= 0:  # tokenizer.json there and of this model: before any output
+            self._resident("_hash", self._build_hash)
 
     @property
     def kernels(self) -> dict[str, str]:
