@@ -1,0 +1,96 @@
+"""``gguf_mix`` candidates against llama-quantize itself: the emulated candidate (the reference with every weight,
+embedding and lm head included, quantized as the mix's rule says, in llama.cpp's layout) gives logits EQUAL to
+those of the GGUF llama-quantize wrote from the reference's F32 conversion, read by fideval's GGUFCheckpoint
+(gguf-py's dequantization). Fixtures: tests/data/llamacpp/mix, written by tools/llamacpp/mix_ggufs.py."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import gguf
+import pytest
+import torch
+from model_fixtures import tokens
+
+from fideval.errors import FidevalError
+from fideval.model.gguf_checkpoint import GGUFCheckpoint
+from fideval.model.runner import Runner, RunnerOptions
+from fideval.quant.gguf_mix_spec import MixSpec, mix_name
+from fideval.quant.imatrix import read_imatrix
+
+torch.set_num_threads(1)
+DATA = Path(__file__).resolve().parent / "data" / "llamacpp" / "mix"
+ROOT = Path(__file__).resolve().parents[1]
+CASES = sorted((m.name, g.name) for m in DATA.iterdir() for g in m.glob("*.gguf"))
+
+
+def reference(model: str) -> Path:
+    link = DATA / model / "reference.json"
+    return ROOT / json.loads(link.read_text())["reference"] if link.exists() else DATA / model
+
+
+def logits(weights, transform=None) -> torch.Tensor:
+    r = Runner(weights, RunnerOptions(micro_batch=2, weight_transform=transform))
+    return torch.stack([x for _, x in r.run(tokens(r.vocab_size, n=2, length=12), canary=False)])
+
+
+@pytest.mark.parametrize(("model", "file"), CASES)
+def test_emulated_mix_equals_llama_quantizes_gguf(model, file):
+    ref = reference(model)
+    mix = file.removesuffix(".gguf").removesuffix("-imatrix")
+    im = read_imatrix(DATA / model / "imatrix.dat") if file.endswith("-imatrix.gguf") else None
+    spec = MixSpec(mix, ref, im)
+    written = {t.name: t.tensor_type.name for t in gguf.GGUFReader(str(DATA / model / file)).tensors}
+    planned = {n: t for _, parts in spec.plan.values() for n, _, t in parts}
+    assert planned == {n: t for n, t in written.items() if n in planned}  # the rule, on the derived GGUF
+    assert set(written) - set(planned) <= {"rope_freqs.weight"}
+    real = logits(GGUFCheckpoint(DATA / model / file, ref))
+    emulated = logits(ref, spec.weight_transform)
+    assert torch.equal(real, emulated)
+    assert not torch.equal(emulated, logits(ref))  # the mix changed the model
+
+
+def test_fixtures_exercise_the_rules_branches():
+    """Types the fixtures hold: K-quants, their fallbacks (rows of 32 and 16), the tied output, the MLA split."""
+    def types(model, file):
+        return {t.name: t.tensor_type.name for t in gguf.GGUFReader(str(DATA / model / file)).tensors}
+
+    llama = types("llama", "Q4_K_M.gguf")
+    assert llama["token_embd.weight"] == "Q4_K" and llama["output.weight"] == "Q6_K"
+    assert llama["blk.0.attn_v.weight"] == "Q6_K" and llama["blk.1.attn_v.weight"] == "Q4_K"  # use_more_bits
+    assert llama["blk.0.attn_output.weight"] == "Q5_0" and llama["blk.0.ffn_down.weight"] == "F16"  # rows 32, 16
+    qwen = types("qwen3_moe", "Q4_K_M.gguf")
+    assert "output.weight" not in qwen and qwen["token_embd.weight"] == "Q6_K"  # tied: the embedding is the output
+    assert qwen["blk.0.attn_v.weight"] == "Q8_0"  # 8 experts
+    ds = types("deepseek_v3", "Q4_K_M.gguf")
+    assert "blk.0.attn_kv_b.weight" not in ds and ds["blk.0.attn_k_b.weight"] == "Q5_0"  # rows of qk_nope_head_dim
+    assert {t for m, f in CASES for t in types(m, f).values()} >= {"Q2_K", "Q3_K", "Q4_K", "Q5_K", "Q6_K", "IQ4_XS",
+                                                                 "IQ4_NL", "Q4_0", "Q5_0", "Q5_1", "Q8_0", "F16"}
+
+
+def test_spec_errors_are_one_line(tmp_path):
+    with pytest.raises(FidevalError, match="unknown gguf mix 'Q4_K_X'"):
+        MixSpec("Q4_K_X", DATA / "llama")
+    with pytest.raises(FidevalError, match="no module classes beside it"):
+        mix_name({"gguf_mix": "Q4_K_M", "attention": {"format": "mxfp4"}})
+    assert mix_name("gguf_mix=q4_k_m") == "q4_k_m" and mix_name({"attention": {"format": "mxfp4"}}) is None
+    im = read_imatrix(DATA / "llama" / "imatrix.dat")
+    with pytest.raises(FidevalError, match="does not emulate"):  # Q4_K_M's rows of 32 fall back to Q5_0
+        MixSpec("Q4_K_M", DATA / "llama", im)
+    other = read_imatrix(DATA / "llama" / "imatrix.dat")
+    other.entries.pop("blk.3.attn_q.weight")
+    with pytest.raises(FidevalError, match="no entry for tensor 'blk.3.attn_q.weight'"):
+        MixSpec("IQ4_XS", DATA / "llama", other)
+
+
+def test_bits_count_every_gguf_tensor_at_its_type():
+    spec = MixSpec("Q4_K_M", DATA / "llama")
+    table = spec.bits()
+    emb = table["per_class"]["embedding"]
+    assert emb["types"] == {"Q4_K": 1} and emb["bpw"] == 4.5
+    assert table["per_class"]["lm_head"]["types"] == {"Q6_K": 1} and table["per_class"]["lm_head"]["bpw"] == 6.5625
+    assert table["per_class"]["other"]["bpw"] == 16.0  # norms at the base precision
+    size = sum(t.n_bytes for t in gguf.GGUFReader(str(DATA / "llama" / "Q4_K_M.gguf")).tensors if t.tensor_type.name != "F32")
+    quantized = sum(r["bits"] for k, r in table["per_class"].items() if k != "other")
+    assert quantized == size * 8  # the stored bytes of every quantized tensor
