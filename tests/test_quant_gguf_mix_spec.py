@@ -94,3 +94,16 @@ def test_bits_count_every_gguf_tensor_at_its_type():
     size = sum(t.n_bytes for t in gguf.GGUFReader(str(DATA / "llama" / "Q4_K_M.gguf")).tensors if t.tensor_type.name != "F32")
     quantized = sum(r["bits"] for k, r in table["per_class"].items() if k != "other")
     assert quantized == size * 8  # the stored bytes of every quantized tensor
+
+
+def test_constant_over_tensor_is_rounded_once_as_in_c():
+    """torch's ``scalar / tensor`` is reciprocal * scalar (two roundings): the IQ4_NL imatrix search picked another
+    trial scale for one block of the llama's IQ4_XS-imatrix GGUF until the encoders divided as C does."""
+    import numpy as np
+
+    from fideval.quant.gguf_kquants import cdiv
+
+    x = torch.rand(4096, generator=torch.Generator().manual_seed(0)) + 0.01
+    want = np.float32(63.0) / x.numpy()
+    assert np.array_equal(cdiv(63.0, x).numpy(), want) and not np.array_equal((63.0 / x).numpy(), want)
+    assert cdiv(-126.0, torch.tensor([0.22412109375])).item() == np.float32(-126.0) / np.float32(0.22412109375)
