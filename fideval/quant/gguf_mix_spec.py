@@ -232,7 +232,7 @@ class MixSpec:
             if self.tied and hf == "lm_head.weight":
                 continue
             key = "embedding" if hf == EMBED else (module_class_of(hf) or "other")
-            row = per_class.setdefault(key, {"format": f"gguf mix {self.mix}", "recipe": None, "group": None,
+            row = per_class.setdefault(key, {"format": self.mix, "recipe": None, "group": None,
                                              "tensors": 0, "params": 0, "bits": 0.0, "types": {}})
             n = math.prod(shape)
             parts = self.plan[hf][1] if hf in self.plan else []
@@ -248,5 +248,6 @@ class MixSpec:
         for row in per_class.values():
             row["bpw"] = row["bits"] / row["params"] if row["params"] else 0.0
             row["recipe"] = ", ".join(f"{t} x{c}" for t, c in sorted(row["types"].items())) or None
+            row["format"] = row["format"] if row["types"] else None
         return {"per_class": per_class, "total": {"params": int(tot_n), "bits": tot_bits,
                                                   "bpw": tot_bits / tot_n if tot_n else 0.0}}

@@ -48,6 +48,9 @@ def _emulated(cand: Any, probe: Probe, found: Findings) -> None:
 
     quant = cand.quant.model_dump(exclude_none=True)  # what the candidate stage compiles
     base = f"candidates.{cand.name}.quant"
+    if quant.get("gguf_mix") is not None:
+        _mix(cand, quant["gguf_mix"], probe, found)
+        return
     resolved = {}
     for cls, m in quant.items():
         try:
@@ -99,6 +102,39 @@ def _emulated(cand: Any, probe: Probe, found: Findings) -> None:
                 part = "group" if "group" in quant[cls] else "format"
                 found.add(f"{base}.{cls}.{part}", FidevalError(f"{name}: {e.message}", hint=e.hint))
                 break
+
+
+def _mix(cand: Any, mix: str, probe: Probe, found: Findings) -> None:
+    """A ``gguf_mix`` candidate as the stage builds it (:class:`fideval.quant.gguf_mix_spec.MixSpec`): the mix name,
+    the whole model's GGUF plan, and an imatrix entry of the right size for every tensor it quantizes with one."""
+    from fideval.config import resolve_path
+    from fideval.quant.gguf_mix_spec import MixSpec
+    from fideval.quant.gguf_mixes import MIXES
+    from fideval.score.candidate import read_candidate_imatrix
+
+    key = f"candidates.{cand.name}.quant.gguf_mix"
+    if str(mix).upper() not in MIXES:
+        found.add(key, FidevalError(f"unknown gguf mix {mix!r}", hint=f"use one of {', '.join(MIXES)}"))
+        return
+    im = None
+    if cand.imatrix is not None and resolve_path(cand.imatrix).exists():  # else check_files names it
+        try:
+            im, _ = read_candidate_imatrix(cand)
+        except FidevalError as e:
+            found.add(f"candidates.{cand.name}.imatrix", e)
+            return
+    if probe.folder is None:
+        return
+    try:
+        MixSpec(mix, probe.folder)
+    except FidevalError as e:
+        found.add(key, e)
+        return
+    if im is not None:
+        try:
+            MixSpec(mix, probe.folder, im)
+        except FidevalError as e:
+            found.add(f"candidates.{cand.name}.imatrix", e)
 
 
 def _real(cand: Any, probe: Probe, found: Findings) -> None:
