@@ -121,6 +121,7 @@ def make_qkx(x: torch.Tensor, w: torch.Tensor, nmax: int, rmin: float, rdelta: f
         the_min = torch.where(take, this_min, the_min)
     L = torch.where(flat[:, None], torch.zeros_like(L), L)
     scale = torch.where(flat, torch.zeros_like(scale), scale)
+    the_min = torch.where(flat, mn, the_min)  # ggml returns before the search: *the_min = -min
     return scale, -the_min, L
 
 

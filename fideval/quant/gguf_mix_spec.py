@@ -40,7 +40,8 @@ from fideval.quant.gguf_mixes import MIXES, MixModel, allows_quantization, mix_t
 EMBED = "model.embed_tokens.weight"
 _FLOATS = {"F32": None, "F16": torch.float16, "BF16": torch.bfloat16}
 _IMATRIX_TYPES = ("Q2_K", "Q3_K", "Q4_K", "Q5_K", "Q6_K", "IQ4_NL", "IQ4_XS")  # llama.cpp's weighted searches, emulated
-_IMATRIX_IGNORED = ("Q8_0", "MXFP4", "F16", "BF16", "F32")  # quantizers that never read quant_weights
+_IMATRIX_LEGACY = ("Q4_0", "Q4_1", "Q5_0", "Q5_1")  # the same, fideval.quant.gguf_legacy_imatrix
+# Q8_0, MXFP4 and the float types never read llama-quantize's quant_weights
 
 
 def mix_name(spec: Any) -> str | None:
@@ -154,16 +155,12 @@ class MixSpec:
 
     def _check_imatrix(self) -> None:
         """Every tensor the mix quantizes with a weighted search has an entry of its size (llama-imatrix records no
-        ``token_embd`` -- a lookup, not a matmul -- and llama-quantize then quantizes it without one); a legacy type
-        (Q4_0...) whose weighted search fideval does not emulate is refused."""
+        ``token_embd`` -- a lookup, not a matmul -- and llama-quantize then quantizes it without one)."""
         for _hf, (_src, parts) in self.plan.items():
             for name, ne, t in parts:
-                if t in _IMATRIX_IGNORED or not allows_quantization(name, ne, self.arch) or name == "token_embd.weight":
-                    continue
-                if t not in _IMATRIX_TYPES:
-                    raise FidevalError(f"gguf mix {self.mix} with an imatrix gives {name} type {t}, whose importance-"
-                                       "weighted search fideval does not emulate", hint="drop the imatrix or pick another mix")
-                self.imatrix.for_tensor(name, tuple(reversed(ne)))
+                if t in _IMATRIX_TYPES + _IMATRIX_LEGACY and allows_quantization(name, ne, self.arch) \
+                        and name != "token_embd.weight":
+                    self.imatrix.for_tensor(name, tuple(reversed(ne)))
 
     @property
     def modules(self) -> dict:
@@ -207,8 +204,12 @@ class MixSpec:
         from fideval.quant.base import get_format
         from fideval.quant.gguf_ktypes import gguf_k_quant_dequant
 
-        if self.imatrix is not None and t in _IMATRIX_TYPES and name != "token_embd.weight":
+        if self.imatrix is not None and t in _IMATRIX_TYPES + _IMATRIX_LEGACY and name != "token_embd.weight":
             w = torch.from_numpy(self.imatrix.for_tensor(name, tuple(reversed(ne))).copy())
+            if t in _IMATRIX_LEGACY:
+                from fideval.quant.gguf_legacy_imatrix import legacy_imatrix_quant_dequant
+
+                return legacy_imatrix_quant_dequant(x, t.lower(), w)
             return gguf_k_quant_dequant(x, t.lower(), w)
         return get_format(f"gguf_{t.lower()}").quant_dequant(x, None, None)
 

@@ -39,7 +39,7 @@ OUT = ROOT / "tests" / "data" / "llamacpp" / "mix"
 MOE = ROOT / "tests" / "data" / "llamacpp" / "moe"
 MIXES = {"llama": ("Q4_K_M", "Q3_K_M", "Q2_K", "IQ4_XS"), "qwen3_moe": ("Q4_K_M", "Q3_K_S"),
          "deepseek_v3": ("Q4_K_M", "Q5_K_M")}
-IMATRIX = {"llama": ("IQ4_XS",)}
+IMATRIX = {"llama": ("IQ4_XS", "Q4_K_M", "Q5_K_M", "Q4_0", "Q4_1"), "deepseek_v3": ("Q4_K_M",)}
 
 
 def configs() -> dict:
@@ -120,8 +120,9 @@ def main() -> int:
                 (dest / "reference.json").write_text(json.dumps({"reference": f"tests/data/llamacpp/moe/{name}"}) + "\n")
             for mix in MIXES[name]:
                 quantize(a.bin, f32, dest / f"{mix}.gguf", mix)
-            for mix in IMATRIX.get(name, ()):
+            if name in IMATRIX:
                 write_imatrix(dest / "imatrix.dat", f32, seed)
+            for mix in IMATRIX.get(name, ()):
                 quantize(a.bin, f32, dest / f"{mix}-imatrix.gguf", mix, dest / "imatrix.dat")
         print(name, {p.name: p.stat().st_size for p in sorted(dest.iterdir())})
     return 0
