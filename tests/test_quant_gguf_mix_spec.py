@@ -67,7 +67,9 @@ def test_fixtures_exercise_the_rules_branches():
     assert qwen["blk.0.attn_v.weight"] == "Q8_0"  # 8 experts
     ds = types("deepseek_v3", "Q4_K_M.gguf")
     assert "blk.0.attn_kv_b.weight" not in ds and ds["blk.0.attn_k_b.weight"] == "Q5_0"  # rows of qk_nope_head_dim
-    assert {t for m, f in CASES for t in types(m, f).values()} >= {"Q2_K", "Q3_K", "Q4_K", "Q5_K", "Q6_K", "IQ4_XS",
+    oss = types("gpt_oss", "MXFP4_MOE.gguf")  # experts stored transposed and interleaved: quantized on llama.cpp's rows
+    assert oss["blk.0.ffn_gate_exps.weight"] == "MXFP4" and oss["blk.0.attn_q.weight"] == "Q8_0"
+    assert {t for m, f in CASES for t in types(m, f).values()} >= {"Q2_K", "Q3_K", "Q4_K", "Q5_K", "Q6_K", "IQ4_XS", "MXFP4",
                                                                  "IQ4_NL", "Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q8_0", "F16"}
     with_im = {t for m, f in CASES if f.endswith("-imatrix.gguf") for t in types(m, f).values()}
     assert with_im >= {"Q4_K", "Q5_K", "Q6_K", "IQ4_XS", "IQ4_NL", "Q4_0", "Q4_1", "Q5_0", "Q5_1"}  # weighted searches

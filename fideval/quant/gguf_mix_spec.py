@@ -181,12 +181,20 @@ class MixSpec:
 
     def weight_transform(self, module_class: str, name: str, tensor: torch.Tensor) -> torch.Tensor:
         """Quantize-dequantize one tensor as llama-quantize would (the runner passes the embedding as ``embedding``,
-        a tied lm head as ``lm_head.weight``: both are ``token_embd``); identity for what the mix leaves alone."""
+        a tied lm head as ``lm_head.weight``: both are ``token_embd``); identity for what the mix leaves alone.
+        The runner shows every weight as [..., out, in]: gpt-oss's experts, stored [E, in, out], arrive transposed
+        (``Adapter.transform``), so they are turned back to the stored layout the plan's rewrites start from."""
         key = EMBED if self.tied and name == "lm_head.weight" else name
         entry = self.plan.get(key)
         if entry is None or not tensor.is_floating_point():
             return tensor
-        src, parts = entry
+        src = entry[0]
+        if module_class == "routed_experts" and src.op in ("gate_up_interleaved", "transpose"):
+            return self._apply(key, name, tensor.transpose(-1, -2)).transpose(-1, -2)
+        return self._apply(key, name, tensor)
+
+    def _apply(self, key: str, name: str, tensor: torch.Tensor) -> torch.Tensor:
+        src, parts = self.plan[key]
         whole = tuple(tensor.shape) == tuple(self.shapes[key])
         if not whole and (self.imatrix is not None or src.op in ("permute", "kv_b")):
             raise FidevalError(f"gguf mix: {name} arrives as a slice {list(tensor.shape)} of {list(self.shapes[key])}",

@@ -6,16 +6,18 @@ hand; CI has no llama.cpp).
     python tools/llamacpp/mix_ggufs.py --llama-cpp $SRC --bin build/bin
 
 ``$SRC`` is the llama.cpp that llama-cpp-python 0.3.36 vendors. For each model a tiny random-weight Hugging Face
-reference (float16 safetensors, to keep the fixtures small; the DeepSeek-V3 one is ``tests/data/llamacpp/moe/
-deepseek_v3``'s) is converted by llama.cpp's ``convert_hf_to_gguf.py`` model class to **F32** (so llama-quantize's
+reference (float16 safetensors, to keep the fixtures small; the DeepSeek-V3 and gpt-oss ones are
+``tests/data/llamacpp/moe/``'s) is converted by llama.cpp's ``convert_hf_to_gguf.py`` model class to **F32** (so llama-quantize's
 input is exactly the reference's weights; placeholder tokens for the vocabulary, as in ``moe_ggufs.py``), then
 ``llama-quantize F32.gguf OUT.gguf MIX`` writes each mix of :data:`MIXES` (and, for :data:`IMATRIX`, with
 ``--imatrix``: a legacy ``imatrix.dat`` of seeded random positive weights for every quantized tensor but
 ``token_embd``, which llama-imatrix never records). Dimensions: hidden 256 (rows of whole K-quant super-blocks),
 and rows of 32 (the Q5_0/Q5_1/Q8_0/IQ4_NL fallbacks) and 16 (F16) elsewhere; the llama has GQA 4 and 8 layers
 (``use_more_bits``), the qwen3moe 8 experts (llama.cpp's ``n_expert == 8`` branches) and tied embeddings
-(``token_embd`` as the output), the DeepSeek-V3 MLA's ``kv_b`` split into ``attn_k_b``/``attn_v_b``.
-Output: ``tests/data/llamacpp/mix/<model>/`` with ``config.json``, ``model.safetensors`` (not for deepseek_v3),
+(``token_embd`` as the output), the DeepSeek-V3 MLA's ``kv_b`` split into ``attn_k_b``/``attn_v_b``, gpt-oss its
+experts transposed and de-interleaved by the converter (and MXFP4_MOE).
+Output: ``tests/data/llamacpp/mix/<model>/`` with ``config.json`` and ``model.safetensors`` (or ``reference.json``
+naming the ``moe/`` folder),
 ``<MIX>.gguf``, ``imatrix.dat`` and ``<MIX>-imatrix.gguf``. ``tests/test_quant_gguf_mix_spec.py`` asserts that the
 emulated candidate's logits equal those of each GGUF read by ``GGUFCheckpoint``. Nothing of llama.cpp is copied.
 """
@@ -38,7 +40,7 @@ ROOT = Path(__file__).resolve().parents[2]
 OUT = ROOT / "tests" / "data" / "llamacpp" / "mix"
 MOE = ROOT / "tests" / "data" / "llamacpp" / "moe"
 MIXES = {"llama": ("Q4_K_M", "Q3_K_M", "Q2_K", "IQ4_XS"), "qwen3_moe": ("Q4_K_M", "Q3_K_S"),
-         "deepseek_v3": ("Q4_K_M", "Q5_K_M")}
+         "deepseek_v3": ("Q4_K_M", "Q5_K_M"), "gpt_oss": ("Q4_K_M", "MXFP4_MOE")}
 IMATRIX = {"llama": ("IQ4_XS", "Q4_K_M", "Q5_K_M", "Q4_0", "Q4_1"), "deepseek_v3": ("Q4_K_M",)}
 
 
