@@ -110,3 +110,21 @@ def test_constant_over_tensor_is_rounded_once_as_in_c():
     want = np.float32(63.0) / x.numpy()
     assert np.array_equal(cdiv(63.0, x).numpy(), want) and not np.array_equal((63.0 / x).numpy(), want)
     assert cdiv(-126.0, torch.tensor([0.22412109375])).item() == np.float32(-126.0) / np.float32(0.22412109375)
+
+
+def test_a_ranks_share_quantizes_as_the_whole_tensor():
+    """Model parallel: a rank's experts [lo, hi) and its lm head rows get the rows the whole tensor would."""
+    from safetensors.torch import load_file
+
+    spec = MixSpec("Q4_K_M", DATA / "qwen3_moe")
+    sd = load_file(DATA / "qwen3_moe" / "model.safetensors")
+    gate_up = "model.layers.1.mlp.experts.gate_up_proj"
+    w = torch.randn(spec.shapes[gate_up], generator=torch.Generator().manual_seed(0)) * 0.1
+    whole = spec.weight_transform("routed_experts", gate_up, w)
+    assert torch.equal(spec.weight_transform("routed_experts", gate_up, w[2:5]), whole[2:5])
+    emb = sd["model.embed_tokens.weight"].float()  # tied: the head is token_embd, Q6_K
+    assert torch.equal(spec.weight_transform("lm_head", "lm_head.weight", emb[16:48]),
+                       spec.weight_transform("embedding", "model.embed_tokens.weight", emb)[16:48])
+    q = "model.layers.0.self_attn.q_proj.weight"  # llama: rows permuted per head by the converter
+    with pytest.raises(FidevalError, match="arrives as a slice"):
+        MixSpec("Q4_K_M", DATA / "llama").weight_transform("attention", q, torch.zeros(8, 256))

@@ -196,7 +196,9 @@ class MixSpec:
     def _apply(self, key: str, name: str, tensor: torch.Tensor) -> torch.Tensor:
         src, parts = self.plan[key]
         whole = tuple(tensor.shape) == tuple(self.shapes[key])
-        if not whole and (self.imatrix is not None or src.op in ("permute", "kv_b")):
+        # a model-parallel rank's share: experts [lo, hi) or lm head rows quantize alone (rows are independent), but
+        # the Q/K permutation and the kv_b split need the whole tensor, and an expert's imatrix slice its offset
+        if not whole and (src.op in ("permute", "kv_b") or (self.imatrix is not None and tensor.dim() == 3)):
             raise FidevalError(f"gguf mix: {name} arrives as a slice {list(tensor.shape)} of {list(self.shapes[key])}",
                                hint="run a gguf_mix candidate with teacher.model_parallel 1")
         x = tensor.float()
