@@ -130,3 +130,32 @@ def test_a_ranks_share_quantizes_as_the_whole_tensor():
     q = "model.layers.0.self_attn.q_proj.weight"  # llama: rows permuted per head by the converter
     with pytest.raises(FidevalError, match="arrives as a slice"):
         MixSpec("Q4_K_M", DATA / "llama").weight_transform("attention", q, torch.zeros(8, 256))
+
+
+@pytest.mark.parametrize("name", sorted(p.name for p in (DATA.parent / "moe").iterdir()))
+def test_the_plan_is_the_gguf_the_converter_writes(name):
+    """Every converter-written GGUF of tests/data/llamacpp/moe (12 architectures): the plan derived from the
+    reference alone has its tensors' names and shapes, and its metadata as llama-quantize reads it (GLM-4.5's
+    block count includes its MTP block, which this checkpoint, like the converter's output, does not hold)."""
+    from fideval.quant.gguf_mixes import gguf_mix_inputs
+
+    ref = DATA.parent / "moe" / name
+    model, tensors = gguf_mix_inputs(ref / "model.gguf")
+    written = {n: ne for n, ne, _ in tensors if not n.startswith("rope_freqs")}
+    spec = MixSpec("Q4_K_M", ref)
+    assert {n: ne for _, parts in spec.plan.values() for n, ne, _ in parts} == written
+    assert spec.model == model
+
+
+def test_glm_mtp_weights_in_the_checkpoint_are_refused(tmp_path):
+    """A GLM-4.5 checkpoint holding its MTP block: the converter would write it, and it counts in the walk."""
+    import shutil
+
+    from safetensors.torch import save_file
+
+    ref = Path(shutil.copytree(DATA.parent / "moe" / "glm4_moe", tmp_path / "glm", ignore=shutil.ignore_patterns("*.gguf")))
+    sd = load_file(ref / "model.safetensors")
+    sd["model.layers.2.eh_proj.weight"] = torch.zeros(64, 128, dtype=torch.float16)
+    save_file(sd, ref / "model.safetensors")
+    with pytest.raises(FidevalError, match="GLM's MTP blocks"):
+        MixSpec("Q4_K_M", ref)

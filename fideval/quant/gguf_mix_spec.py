@@ -103,12 +103,22 @@ def to_gguf(src: gguf_names.Source, t: torch.Tensor, config: dict) -> list[torch
     raise FidevalError(f"gguf mix: the converter rewrite {src.op!r} is not emulated", hint="use the default converter layout")
 
 
-def mix_model(arch: str, config: dict) -> MixModel:
-    """What llama-quantize reads from the GGUF's metadata, as the converter writes it from ``config``."""
-    n_expert = int(config.get("n_routed_experts") or config.get("num_experts") or config.get("num_local_experts") or 0)
+def _has_layer(model_dir: Path, i: int) -> bool:
+    """Whether the checkpoint's headers hold tensors of layer ``i`` (GLM's MTP block past ``num_hidden_layers``)."""
+    from fideval.formats.safetensors import folder_shapes
+
+    return any(k.startswith(f"model.layers.{i}.") for k in folder_shapes(model_dir))
+
+
+def mix_model(arch: str, config: dict, nextn: int = 0) -> MixModel:
+    """What llama-quantize reads from the GGUF's metadata, as the converter writes it from ``config`` (``block_count``
+    counts GLM-4.5's ``nextn`` MTP blocks even when the checkpoint has none to write)."""
+    n_expert = int(config.get("n_routed_experts") or config.get("num_experts") or config.get("num_local_experts")
+                   or config.get("moe_num_experts") or 0)
     heads = int(config.get("num_attention_heads") or 1)
     kv = 1 if arch == "deepseek2" else int(config.get("num_key_value_heads") or heads)
-    return MixModel(arch=arch, n_layer=int(config["num_hidden_layers"]), n_expert=n_expert, n_head=heads, n_head_kv=kv)
+    return MixModel(arch=arch, n_layer=int(config["num_hidden_layers"]) + nextn, n_expert=n_expert, n_head=heads,
+                    n_head_kv=kv)
 
 
 def storage_bits(ggml_type: str, numel: int) -> float:
@@ -136,7 +146,8 @@ class MixSpec:
         if arch is None:
             raise FidevalError(f"gguf mix: llama.cpp's converter writes no architecture fideval reads for {hf_arch!r}",
                                hint=f"supported: {', '.join(sorted(h for v in gguf_names.GGUF_ARCHS.values() for h in v))}")
-        if arch == "glm4moe" and int(self.config.get("num_nextn_predict_layers") or 0):
+        nextn = int(self.config.get("num_nextn_predict_layers") or 0) if arch == "glm4moe" else 0
+        if nextn and _has_layer(model_dir, int(self.config["num_hidden_layers"])):
             raise FidevalError("gguf mix: the converter writes GLM's MTP blocks, which the reference model does not load "
                                "(they count in llama-quantize's walk)", hint="not emulated; score the real GGUF instead")
         self.arch, self.tied = arch, bool(self.config.get("tie_word_embeddings", False))
@@ -147,7 +158,7 @@ class MixSpec:
         for hf, src in sources.items():
             for name, m in zip(src.parts, to_gguf(src, torch.empty(expected[hf], device="meta"), self.config)):
                 parts[name] = tuple(reversed(m.shape))
-        self.model = mix_model(arch, self.config)
+        self.model = mix_model(arch, self.config, nextn)
         self.types = mix_types(key, self.model, [(n, ne, "F32") for n, ne in parts.items()], has_imatrix=imatrix is not None)
         self.plan = {hf: (src, [(p, parts[p], self.types[p]) for p in src.parts]) for hf, src in sources.items()}
         if imatrix is not None:
@@ -161,14 +172,6 @@ class MixSpec:
                 if t in _IMATRIX_TYPES + _IMATRIX_LEGACY and allows_quantization(name, ne, self.arch) \
                         and name != "token_embd.weight":
                     self.imatrix.for_tensor(name, tuple(reversed(ne)))
-
-    @property
-    def modules(self) -> dict:
-        return {}
-
-    @property
-    def is_identity(self) -> bool:
-        return False
 
     def classes(self) -> set[str]:
         """The module classes holding a tensor the mix quantizes (the serving path's activation hooks)."""
