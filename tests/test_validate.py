@@ -409,3 +409,18 @@ def test_gguf_mix_candidate(models, tmp_path):
     part = _legacy(tmp_path / "part.dat", {n: np.ones(ne[0], np.float32) for n, ne in parts[1:]}, ncall=4)
     refused(config(tmp_path, models.llama, candidates=[{**im, "imatrix": str(part)}]), "candidates.c.imatrix",
             f"the importance matrix has no entry for tensor '{parts[0][0]}'")
+
+
+def test_gguf_mix_imatrix_on_experts_split_over_ranks(models, tmp_path):
+    from test_quant_imatrix import _legacy
+
+    from fideval.quant.gguf_mix_spec import MixSpec
+
+    parts = [(n, ne) for _, ps in MixSpec("IQ4_XS", models.qwen3_moe).plan.values() for n, ne, t in ps
+             if len(ne) >= 2 and n != "token_embd.weight"]
+    full = _legacy(tmp_path / "full.dat", {n: np.ones(ne[0] * (ne[2] if len(ne) > 2 else 1), np.float32)
+                                           for n, ne in parts}, ncall=4)
+    cand = {"name": "c", "quant": {"gguf_mix": "IQ4_XS"}, "imatrix": str(full)}
+    assert validate(config(tmp_path, models.qwen3_moe, candidates=[cand])).code == 0
+    refused(config(tmp_path, models.qwen3_moe, candidates=[cand], teacher={"model_parallel": 2}),
+            "candidates.c.imatrix", "experts are split over 2 ranks")

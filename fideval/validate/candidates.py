@@ -21,7 +21,9 @@ from fideval.validate.model import Probe
 
 def check(cfg: Any, probe: Probe, found: Findings) -> None:
     for cand in cfg.candidates:
-        if cand.quant is not None:
+        if cand.quant is not None and cand.quant.gguf_mix is not None:
+            _mix(cand, cand.quant.gguf_mix, probe, found, cfg.teacher.model_parallel)
+        elif cand.quant is not None:
             _emulated(cand, probe, found)
         else:
             _real(cand, probe, found)
@@ -48,9 +50,6 @@ def _emulated(cand: Any, probe: Probe, found: Findings) -> None:
 
     quant = cand.quant.model_dump(exclude_none=True)  # what the candidate stage compiles
     base = f"candidates.{cand.name}.quant"
-    if quant.get("gguf_mix") is not None:
-        _mix(cand, quant["gguf_mix"], probe, found)
-        return
     resolved = {}
     for cls, m in quant.items():
         try:
@@ -104,9 +103,10 @@ def _emulated(cand: Any, probe: Probe, found: Findings) -> None:
                 break
 
 
-def _mix(cand: Any, mix: str, probe: Probe, found: Findings) -> None:
+def _mix(cand: Any, mix: str, probe: Probe, found: Findings, model_parallel: int = 1) -> None:
     """A ``gguf_mix`` candidate as the stage builds it (:class:`fideval.quant.gguf_mix_spec.MixSpec`): the mix name,
-    the whole model's GGUF plan, and an imatrix entry of the right size for every tensor it quantizes with one."""
+    the whole model's GGUF plan, and an imatrix entry of the right size for every tensor it quantizes with one (and
+    no imatrix on an MoE split over ranks: a rank's experts cannot be matched to their imatrix rows)."""
     from fideval.config import resolve_path
     from fideval.quant.gguf_mix_spec import MixSpec
     from fideval.quant.gguf_mixes import MIXES
@@ -132,9 +132,14 @@ def _mix(cand: Any, mix: str, probe: Probe, found: Findings) -> None:
         return
     if im is not None:
         try:
-            MixSpec(mix, probe.folder, im)
+            spec = MixSpec(mix, probe.folder, im)
         except FidevalError as e:
             found.add(f"candidates.{cand.name}.imatrix", e)
+            return
+        if model_parallel > 1 and spec.model.n_expert:
+            found.add(f"candidates.{cand.name}.imatrix", FidevalError(
+                f"an imatrix on a model whose experts are split over {model_parallel} ranks: a rank's experts cannot be "
+                "matched to their imatrix rows", hint="run an imatrix candidate with teacher.model_parallel 1"))
 
 
 def _real(cand: Any, probe: Probe, found: Findings) -> None:
