@@ -94,7 +94,7 @@ def make_qkx(x: torch.Tensor, w: torch.Tensor, nmax: int, rmin: float, rdelta: f
         sum_w = sum_w + w[:, i]
         sum_x = sum_x + w[:, i] * x[:, i]
     flat = mx <= mn
-    iscale = nmax / (mx - mn)
+    iscale = cdiv(float(nmax), mx - mn)
     scale = 1 / iscale
     L = nearest_int(iscale[:, None] * (x - mn[:, None])).clamp(0, nmax)
     diff = (scale[:, None] * _f(L) + mn[:, None]) - x
@@ -129,7 +129,7 @@ def make_qp(x: torch.Tensor, qw: torch.Tensor, nmax: int):
     """``make_qp_quants`` over ``[B, n]`` (n = 8 sub-block scales or mins): returns (scale [B], L uint8-wrapped [B, n])."""
     mx = torch.clamp(x.amax(-1), min=0.0)
     zero = mx < EPS
-    iscale = nmax / mx
+    iscale = cdiv(float(nmax), mx)
     L = nearest_int(iscale[:, None] * x) & 0xFF
     scale = 1 / iscale
     diff = x - scale[:, None] * _f(L)
