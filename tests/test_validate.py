@@ -381,7 +381,7 @@ def test_imatrix_candidate(models, tmp_path):
     part = _legacy(tmp_path / "part.dat", {n: np.ones(64, np.float32) for n in names[:-1]}, ncall=4)
     refused(config(tmp_path, models.llama, candidates=[{**cand, "imatrix": str(part)}]), "candidates.c.imatrix",
             "the importance matrix has no entry for tensor 'blk.1.attn_output.weight'")
-    refused(config(tmp_path, models.llama, candidates=[{**cand, "quant": {"attention": {"format": "gguf_q4_0"}}}]),
+    refused(config(tmp_path, models.llama, candidates=[{**cand, "quant": {"attention": {"format": "gguf_q8_0"}}}]),
             "candidates.c.quant", "attention use(s) a format without importance weights")
     refused(config(tmp_path, models.llama, candidates=[{**cand, "imatrix": str(tmp_path / "gone.dat")}]),
             "candidates.c.imatrix", "imatrix file")
