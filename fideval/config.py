@@ -169,6 +169,16 @@ class QuantSpec(Strict):
     attention: ModuleQuant | None = None
     dense_mlp: ModuleQuant | None = None
     lm_head: ModuleQuant | None = None
+    gguf_mix: str | None = Field(None, description="a llama-quantize named mix (Q4_K_M, Q5_K_M, Q3_K_M, IQ4_XS, Q8_0...): every "
+                                 "weight, token embedding and lm head included, gets the type llama-quantize gives it, in "
+                                 "llama.cpp's layout; alone, without module classes (docs/quant.md)")
+
+    @model_validator(mode="after")
+    def _mix_alone(self) -> "QuantSpec":
+        if self.gguf_mix is not None and any(getattr(self, c) is not None for c in
+                                             ("routed_experts", "shared_experts", "attention", "dense_mlp", "lm_head")):
+            raise ValueError("gguf_mix decides every tensor's type; give it without module classes")
+        return self
 
 
 class Candidate(Strict):
@@ -176,7 +186,8 @@ class Candidate(Strict):
     quant: QuantSpec | None = Field(None, description="emulated quantization applied to the reference checkpoint")
     checkpoint: str | None = Field(None, description="a real quantized checkpoint (GGUF file or folder) instead")
     imatrix: str | None = Field(None, description="a llama.cpp importance matrix (llama-imatrix's GGUF or legacy .dat) "
-                                "for the gguf K/I formats of `quant` (gguf_q2_k..gguf_q6_k, gguf_iq4_nl, gguf_iq4_xs), "
+                                "for the gguf formats of `quant` llama.cpp quantizes with one (gguf_q2_k..gguf_q6_k, gguf_iq4_nl, "
+                                "gguf_iq4_xs, gguf_q4_0, gguf_q4_1, gguf_q5_0, gguf_q5_1) or its gguf_mix, "
                                 "used as llama-quantize --imatrix uses it")
     paths: list[Literal["serving", "weights-only"]] = Field(
         default_factory=lambda: ["serving", "weights-only"],
@@ -188,7 +199,7 @@ class Candidate(Strict):
         if (self.quant is None) == (self.checkpoint is None):
             raise ValueError("give exactly one of quant (emulated) or checkpoint (real quantized build)")
         if self.imatrix is not None and self.quant is None:
-            raise ValueError("imatrix applies to an emulated candidate's gguf K/I formats (quant), not to a checkpoint")
+            raise ValueError("imatrix applies to an emulated candidate's gguf formats or gguf_mix (quant), not to a checkpoint")
         return self
 
 

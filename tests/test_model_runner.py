@@ -50,7 +50,8 @@ def test_weight_transform_applies_once_to_the_named_classes(tmp_path):
     toks = mf.tokens(V, n=2, length=12)
     out = dict(Runner(folder, RunnerOptions(weight_transform=wt)).run(toks))
     classes = {c for c, _ in seen}
-    assert classes == {"routed_experts", "shared_experts", "attention", "dense_mlp", "lm_head"}
+    assert classes == {"routed_experts", "shared_experts", "attention", "dense_mlp", "lm_head", "embedding"}
+    assert [n for c, n in seen if c == "embedding"] == ["model.embed_tokens.weight"]  # only a gguf_mix quantizes it
     assert len(seen) == len(set(seen))  # once per tensor per run
     assert ("routed_experts", "model.layers.2.mlp.experts.gate_up_proj") in seen
     assert not any("norm" in n or "mlp.gate.weight" in n for _, n in seen)

@@ -131,8 +131,12 @@ def test_spec_quantizes_each_tensor_with_its_own_importance_weights(tmp_path):
     assert torch.equal(y, gguf_k_quant_dequant(w, "q4_k", torch.from_numpy(entries["blk.0.attn_q.weight"].astype(np.float32))))
     assert not torch.equal(y, spec.weight_transform("attention", "model.layers.0.self_attn.k_proj.weight", w))
     assert not torch.equal(y, compile_spec("attention=gguf_q4_k").weight_transform("attention", "x.self_attn.q_proj.weight", w))
+    from fideval.quant.gguf_legacy_imatrix import legacy_imatrix_quant_dequant
+
+    q5 = compile_spec("attention=gguf_q5_0", imatrix=lk).weight_transform("attention", "model.layers.0.self_attn.q_proj.weight", w)
+    assert torch.equal(q5, legacy_imatrix_quant_dequant(w, "q5_0", torch.from_numpy(entries["blk.0.attn_q.weight"].astype(np.float32))))
     with pytest.raises(FidevalError, match="attention use\\(s\\) a format without importance weights"):
-        compile_spec("attention=gguf_q4_0", imatrix=lk)
+        compile_spec("attention=gguf_q8_0", imatrix=lk)
 
 
 def test_runner_applies_the_imatrix_per_tensor(tmp_path):

@@ -31,6 +31,19 @@ def test_legacy_types_match_llama_cpp(vec, kind):
     assert bad.size == 0, f"{kind}: {len(bad)} bytes differ, first at {bad[:3].tolist()}"
 
 
+@pytest.mark.parametrize("kind", ["q4_0", "q4_1", "q5_0", "q5_1"])
+def test_legacy_types_with_an_imatrix_match_llama_cpp(vec, kind):
+    """quantize_row_q*_impl's weighted searches (fideval.quant.gguf_legacy_imatrix), what llama-quantize writes for
+    these types with --imatrix; the constant row's Q5_1 block was a tie that `nmax / (max - min)` rounded twice broke."""
+    from fideval.quant.gguf_legacy_imatrix import encode_legacy_imatrix
+
+    ours = encode_legacy_imatrix(torch.from_numpy(vec["x"]), kind, torch.from_numpy(vec["imatrix"])).numpy()
+    ref = vec[f"{kind}.imatrix"]
+    assert not np.array_equal(ref, vec[kind])  # the imatrix changes llama.cpp's bytes
+    bad = np.argwhere(ours != ref)
+    assert bad.size == 0, f"{kind}: {len(bad)} bytes differ, first at {bad[:3].tolist()}"
+
+
 def test_subnormal_scale_blocks_encode_to_code_zero(vec):
     # row 13 is float32-subnormal: d = max/-8 is subnormal, 1/d = inf, and ggml's int8 cast of inf/NaN is 0
     x = torch.from_numpy(vec["x"][13:14, :32].copy())

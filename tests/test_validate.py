@@ -381,9 +381,46 @@ def test_imatrix_candidate(models, tmp_path):
     part = _legacy(tmp_path / "part.dat", {n: np.ones(64, np.float32) for n in names[:-1]}, ncall=4)
     refused(config(tmp_path, models.llama, candidates=[{**cand, "imatrix": str(part)}]), "candidates.c.imatrix",
             "the importance matrix has no entry for tensor 'blk.1.attn_output.weight'")
-    refused(config(tmp_path, models.llama, candidates=[{**cand, "quant": {"attention": {"format": "gguf_q4_0"}}}]),
+    refused(config(tmp_path, models.llama, candidates=[{**cand, "quant": {"attention": {"format": "gguf_q8_0"}}}]),
             "candidates.c.quant", "attention use(s) a format without importance weights")
     refused(config(tmp_path, models.llama, candidates=[{**cand, "imatrix": str(tmp_path / "gone.dat")}]),
             "candidates.c.imatrix", "imatrix file")
     real = {"name": "c", "checkpoint": str(full), "imatrix": str(full)}
     assert "imatrix applies to an emulated candidate" in validate(config(tmp_path, models.llama, candidates=[real])).error()
+
+
+def test_gguf_mix_candidate(models, tmp_path):
+    """A llama-quantize mix: its name, then an imatrix entry of the right size for every tensor it quantizes."""
+    from test_quant_imatrix import _legacy
+
+    from fideval.quant.gguf_mix_spec import MixSpec
+
+    cand = {"name": "c", "quant": {"gguf_mix": "Q4_K_M"}}
+    assert validate(config(tmp_path, models.llama, candidates=[cand])).code == 0
+    refused(config(tmp_path, models.llama, candidates=[{**cand, "quant": {"gguf_mix": "Q4_K_X"}}]),
+            "candidates.c.quant.gguf_mix", "unknown gguf mix 'Q4_K_X'")
+    both = {**cand, "quant": {"gguf_mix": "Q4_K_M", "attention": {"format": "mxfp4"}}}
+    assert "gguf_mix decides every tensor's type" in validate(config(tmp_path, models.llama, candidates=[both])).error()
+    parts = [(n, ne) for _, ps in MixSpec("IQ4_XS", models.llama).plan.values() for n, ne, t in ps
+             if len(ne) >= 2 and n != "token_embd.weight"]
+    full = _legacy(tmp_path / "full.dat", {n: np.ones(ne[0], np.float32) for n, ne in parts}, ncall=4)
+    im = {"name": "c", "quant": {"gguf_mix": "IQ4_XS"}, "imatrix": str(full)}
+    assert validate(config(tmp_path, models.llama, candidates=[im])).code == 0
+    part = _legacy(tmp_path / "part.dat", {n: np.ones(ne[0], np.float32) for n, ne in parts[1:]}, ncall=4)
+    refused(config(tmp_path, models.llama, candidates=[{**im, "imatrix": str(part)}]), "candidates.c.imatrix",
+            f"the importance matrix has no entry for tensor '{parts[0][0]}'")
+
+
+def test_gguf_mix_imatrix_on_experts_split_over_ranks(models, tmp_path):
+    from test_quant_imatrix import _legacy
+
+    from fideval.quant.gguf_mix_spec import MixSpec
+
+    parts = [(n, ne) for _, ps in MixSpec("IQ4_XS", models.qwen3_moe).plan.values() for n, ne, t in ps
+             if len(ne) >= 2 and n != "token_embd.weight"]
+    full = _legacy(tmp_path / "full.dat", {n: np.ones(ne[0] * (ne[2] if len(ne) > 2 else 1), np.float32)
+                                           for n, ne in parts}, ncall=4)
+    cand = {"name": "c", "quant": {"gguf_mix": "IQ4_XS"}, "imatrix": str(full)}
+    assert validate(config(tmp_path, models.qwen3_moe, candidates=[cand])).code == 0
+    refused(config(tmp_path, models.qwen3_moe, candidates=[cand], teacher={"model_parallel": 2}),
+            "candidates.c.imatrix", "experts are split over 2 ranks")

@@ -18,7 +18,8 @@ HELP = "Emulated quantization formats: inspect a quant spec on a checkpoint."
 def inspect(
     model: Annotated[Path, typer.Option("--model", help="checkpoint folder (*.safetensors; only headers are read) or a .gguf file")],
     quant: Annotated[str | None, typer.Option(
-        "--quant", help="e.g. 'routed_experts=mxfp4:rceil,attention=fp8_block' (not for .gguf)")] = None,
+        "--quant", help="e.g. 'routed_experts=mxfp4:rceil,attention=fp8_block', or a llama-quantize mix "
+        "'gguf_mix=Q4_K_M' (not for .gguf)")] = None,
     as_json: options.AsJson = False,
 ) -> None:
     """Print each module class's format and bits per weight, and the whole model's.

@@ -43,7 +43,8 @@ class RunnerOptions:
     with ``mlp_tokens`` a token block never spans chunks, so ``host_budget_bytes`` bounds the blocks); every
     other field shapes the bits.
 
-    ``weight_transform(module_class, name, tensor) -> tensor``, once per tensor as a layer is materialised;
+    ``weight_transform(module_class, name, tensor) -> tensor``, once per tensor as a layer is materialised (the
+    embedding too, as class ``embedding``, which only a ``gguf_mix`` spec quantizes);
     ``act_transform``: module class -> fn on that class's input activations (docs/runner.md);
     ``host_budget_bytes``: hidden states held per chunk (default 4 GiB); ``device_budget_bytes``: hidden
     states kept on the GPU between layers (default 35 % of its free memory), else pinned on the host;
@@ -165,6 +166,8 @@ class Runner(LayerMajor):
         if w.ndim != 2 or w.shape[0] < self.vocab_size:
             raise FidevalError(f"{self.ckpt.dir}: embedding has shape {list(w.shape)}, config.json has vocab "
                                f"{self.vocab_size}", hint="the checkpoint does not match config.json")
+        if self.options.weight_transform is not None:  # class "embedding": only a gguf_mix spec quantizes it
+            w = self.adapter.transform(self.options.weight_transform, "embedding", "model.embed_tokens.weight", w)
         return torch.nn.Embedding.from_pretrained(w, freeze=True)
 
     def _load_head(self) -> torch.nn.Module:

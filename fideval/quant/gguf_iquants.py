@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import torch
 
-from fideval.quant.gguf_kquants import EPS, f16_bytes, first_absmax, nearest_int, seqsum, sqrtf
+from fideval.quant.gguf_kquants import EPS, cdiv, f16_bytes, first_absmax, nearest_int, seqsum, sqrtf
 
 KVALUES_IQ4NL = (-127, -104, -83, -65, -49, -35, -22, -10, 1, 13, 25, 38, 53, 69, 89, 113)
 
@@ -45,7 +45,7 @@ def _block_scales(xb: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
     d = torch.where(sumq2 > 0, sumqx / sumq2, torch.zeros_like(sumqx))
     best = d * sumqx
     for t in range(-7, 8):
-        sqx, sq2 = fit(float(t - 127) / mx)
+        sqx, sq2 = fit(cdiv(float(t - 127), mx))
         take = (sq2 > 0) & (sqx * sqx > best * sq2)
         d = torch.where(take, sqx / sq2, d)
         best = torch.where(take, d * sqx, best)

@@ -39,6 +39,13 @@ def seqsum(t: torch.Tensor) -> torch.Tensor:
     return s
 
 
+def cdiv(c: float, t: torch.Tensor) -> torch.Tensor:
+    """C's ``c / t`` for a float constant ``c``, rounded once. torch computes ``scalar / tensor`` as
+    ``reciprocal(t) * scalar``, rounded twice: exact for powers of two, but a quarter of the quotients ``63.f/x`` (or
+    IQ4's ``-126.f/max``) come out one ulp off, which now and then moves a code or a chosen trial scale."""
+    return torch.full_like(t, c) / t
+
+
 def sqrtf(v: torch.Tensor) -> torch.Tensor:
     """C ``sqrtf``, correctly rounded: in float64, then rounded once (exact for sqrt, 53 >= 2 * 24 + 2).
     torch's float32 sqrt on the CPU is not always correctly rounded (sqrt(8868931584) gives 94175.0,
@@ -87,7 +94,7 @@ def make_qkx(x: torch.Tensor, w: torch.Tensor, nmax: int, rmin: float, rdelta: f
         sum_w = sum_w + w[:, i]
         sum_x = sum_x + w[:, i] * x[:, i]
     flat = mx <= mn
-    iscale = nmax / (mx - mn)
+    iscale = cdiv(float(nmax), mx - mn)
     scale = 1 / iscale
     L = nearest_int(iscale[:, None] * (x - mn[:, None])).clamp(0, nmax)
     diff = (scale[:, None] * _f(L) + mn[:, None]) - x
@@ -114,6 +121,7 @@ def make_qkx(x: torch.Tensor, w: torch.Tensor, nmax: int, rmin: float, rdelta: f
         the_min = torch.where(take, this_min, the_min)
     L = torch.where(flat[:, None], torch.zeros_like(L), L)
     scale = torch.where(flat, torch.zeros_like(scale), scale)
+    the_min = torch.where(flat, mn, the_min)  # ggml returns before the search: *the_min = -min
     return scale, -the_min, L
 
 
@@ -121,7 +129,7 @@ def make_qp(x: torch.Tensor, qw: torch.Tensor, nmax: int):
     """``make_qp_quants`` over ``[B, n]`` (n = 8 sub-block scales or mins): returns (scale [B], L uint8-wrapped [B, n])."""
     mx = torch.clamp(x.amax(-1), min=0.0)
     zero = mx < EPS
-    iscale = nmax / mx
+    iscale = cdiv(float(nmax), mx)
     L = nearest_int(iscale[:, None] * x) & 0xFF
     scale = 1 / iscale
     diff = x - scale[:, None] * _f(L)
@@ -170,7 +178,7 @@ def make_q3(x: torch.Tensor, nmax: int):
     mx = first_absmax(x)
     zero = x.abs().amax(-1) < EPS
     w = x * x
-    L = nearest_int((-float(nmax) / mx)[:, None] * x).clamp(-nmax, nmax - 1)
+    L = nearest_int(cdiv(-float(nmax), mx)[:, None] * x).clamp(-nmax, nmax - 1)
     sumlx, suml2 = seqsum(w * x * _f(L)), seqsum(w * _f(L) * _f(L))
     for _ in range(5):  # a pass without a change leaves the state as it was: running all five = ggml's break
         for i in range(x.shape[-1]):
@@ -194,7 +202,7 @@ def make_qx(x: torch.Tensor, nmax: int, qw: torch.Tensor | None):
     mx = first_absmax(x)
     zero = x.abs().amax(-1) < EPS
     w = qw if qw is not None else x * x
-    iscale = -float(nmax) / mx
+    iscale = cdiv(-float(nmax), mx)
 
     def fit(isc):
         lv = nearest_int(isc[:, None] * x).clamp(-nmax, nmax - 1)
@@ -252,8 +260,8 @@ def encode_qk_asym(x: torch.Tensor, nmax: int, qw: torch.Tensor | None):
         sc, mins = sc.reshape(B, 8), mins.reshape(B, 8)
         max_scale = _running_max(sc)
         max_min = _running_max(mins)
-        inv_s = torch.where(max_scale > 0, 63.0 / max_scale, torch.zeros_like(max_scale))
-        inv_m = torch.where(max_min > 0, 63.0 / max_min, torch.zeros_like(max_min))
+        inv_s = torch.where(max_scale > 0, cdiv(63.0, max_scale), torch.zeros_like(max_scale))
+        inv_m = torch.where(max_min > 0, cdiv(63.0, max_min), torch.zeros_like(max_min))
         ls = (nearest_int(inv_s[:, None] * sc) & 0xFF).clamp(max=63)
         lm = (nearest_int(inv_m[:, None] * mins) & 0xFF).clamp(max=63)
         d, dmin = max_scale / 63.0, max_min / 63.0
@@ -308,7 +316,7 @@ def encode_q6_k(x: torch.Tensor, qw: torch.Tensor | None = None) -> torch.Tensor
     sc = sc.reshape(B, 16)
     max_scale = first_absmax(sc)
     zero = sc.abs().amax(-1) < EPS
-    iscale = -128.0 / max_scale
+    iscale = cdiv(-128.0, max_scale)
     d = 1 / iscale
     isc = (nearest_int(iscale[:, None] * sc).clamp(max=127) & 0xFF).to(torch.uint8)
     dd = f16_round(d)[:, None] * _f(isc.view(torch.int8).to(torch.int32))
@@ -339,8 +347,8 @@ def encode_q2_k(x: torch.Tensor, qw: torch.Tensor | None = None) -> torch.Tensor
         sc, mins, L = make_qkx(xs, xs.abs(), 3, -0.5, 0.1, 15, use_mad=True)
         sc, mins = sc.reshape(B, 16), mins.reshape(B, 16)
         max_scale, max_min = _running_max(sc), _running_max(mins)
-        ls = torch.where((max_scale > 0)[:, None], nearest_int((15.0 / max_scale)[:, None] * sc), 0)
-        lm = torch.where((max_min > 0)[:, None], nearest_int((15.0 / max_min)[:, None] * mins), 0)
+        ls = torch.where((max_scale > 0)[:, None], nearest_int(cdiv(15.0, max_scale)[:, None] * sc), 0)
+        lm = torch.where((max_min > 0)[:, None], nearest_int(cdiv(15.0, max_min)[:, None] * mins), 0)
         scales = (ls | (lm << 4)) & 0xFF
         d, dmin = max_scale / 15.0, max_min / 15.0
     else:  # quantize_row_q2_K_impl
@@ -367,7 +375,7 @@ def encode_q3_k(x: torch.Tensor, qw: torch.Tensor | None = None) -> torch.Tensor
         sc, L = make_q3(xs, 4)
         sc = sc.reshape(B, 16)
         max_scale = first_absmax(sc)
-        iscale = -32.0 / max_scale
+        iscale = cdiv(-32.0, max_scale)
         l6 = (nearest_int(iscale[:, None] * sc) & 0xFF).to(torch.uint8).view(torch.int8).to(torch.int32)
         l6 = torch.where((max_scale != 0)[:, None], l6.clamp(-32, 31) + 32, 0)
         d = torch.where(max_scale != 0, 1 / iscale, torch.zeros_like(iscale))

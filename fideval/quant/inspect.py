@@ -54,8 +54,11 @@ def inspect_model(model_dir: Path, spec_text: str) -> dict:
     """The per-class bits table of ``spec_text`` applied to the checkpoint in ``model_dir``."""
     from fideval.formats.safetensors import DTYPE_BITS, FLOAT_DTYPES
     from fideval.quant.base import get_format
+    from fideval.quant.gguf_mix_spec import mix_name
     from fideval.quant.spec import check_spec_classes, compile_spec, is_quantized_tensor, module_class_of
 
+    if mix_name(spec_text) is not None:
+        return _inspect_mix(model_dir, mix_name(spec_text))
     compiled = compile_spec(spec_text)
     tensors = weight_shapes(model_dir)
     shapes: dict[str, dict[str, tuple[int, ...]]] = {}
@@ -80,4 +83,22 @@ def inspect_model(model_dir: Path, spec_text: str) -> dict:
     table = compiled.bits(shapes, base_bits=DTYPE_BITS.get(base, 16), stored=release_bits(model_dir))
     table["base_dtype"] = base
     table["classes_present"] = sorted(present)
+    return table
+
+
+def _inspect_mix(model_dir: Path, mix: str) -> dict:
+    """A ``gguf_mix`` spec's table: per class (``embedding`` for the token embedding) the GGML types llama-quantize
+    gives its tensors and their stored bits; unquantized tensors at the checkpoint's most common dtype."""
+    from fideval.formats.safetensors import DTYPE_BITS
+    from fideval.quant.gguf_mix_spec import MixSpec
+
+    spec = MixSpec(mix, model_dir)
+    dtypes: dict[str, int] = {}
+    for _shape, dtype in weight_shapes(model_dir).values():
+        dtypes[dtype] = dtypes.get(dtype, 0) + 1
+    base = max(dtypes, key=dtypes.get) if dtypes else "BF16"
+    table = spec.bits(base_bits=DTYPE_BITS.get(base, 16))
+    table["base_dtype"] = base
+    table["classes_present"] = sorted(spec.classes())
+    table["gguf_mix"] = {"mix": spec.mix, "types": spec.types}
     return table

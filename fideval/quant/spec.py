@@ -116,10 +116,11 @@ class CompiledSpec:
         self.act_scale, self.act_block = act_scale, act_block
         # importance weights per parameter (fideval.quant.imatrix.ImatrixLookup) for the gguf K/I formats
         self.imatrix = imatrix
-        if imatrix is not None:
+        if imatrix is not None:  # the formats llama.cpp quantizes with importance weights (Q8_0, MXFP4 ignore them)
             from fideval.quant.gguf_ktypes import K_FORMATS
+            from fideval.quant.gguf_legacy_imatrix import NMAX
 
-            k_names = {f.name for f in K_FORMATS.values()}
+            k_names = {f.name for f in K_FORMATS.values()} | {f"gguf_{k}" for k in NMAX}
             other = sorted(c for c, m in self.modules.items() if m.format not in k_names)
             if other:
                 raise FidevalError(f"an imatrix is given but {', '.join(other)} use(s) a format without importance "
@@ -139,8 +140,13 @@ class CompiledSpec:
         try:
             if self.imatrix is not None:
                 from fideval.quant.gguf_ktypes import gguf_k_quant_dequant
+                from fideval.quant.gguf_legacy_imatrix import NMAX, legacy_imatrix_quant_dequant
 
-                return gguf_k_quant_dequant(tensor, m.format, self.imatrix(name, tuple(tensor.shape)))
+                w = self.imatrix(name, tuple(tensor.shape))
+                kind = m.format.removeprefix("gguf_")
+                if kind in NMAX:
+                    return legacy_imatrix_quant_dequant(tensor, kind, w)
+                return gguf_k_quant_dequant(tensor, m.format, w)
             return get_format(m.format).quant_dequant(tensor, m.recipe, m.group)
         except FidevalError as e:
             raise FidevalError(f"{name} ({module_class}): {e.message}", hint=e.hint) from None

@@ -211,10 +211,18 @@ def from_config(cfg: Any, name: str, path: str, teacher: Any, device: str) -> Ca
 
 def _emulated(cand: Any, path: str, files: Any) -> tuple[dict[str, Any], dict[str, Any]]:
     """The runner's hooks and score.json's info for the reference checkpoint with ``cand``'s quant spec."""
+    from fideval.quant.gguf_mix_spec import MixSpec, mix_name
     from fideval.quant.inspect import class_shapes, classes_present, release_bits
     from fideval.quant.spec import check_spec_classes, compile_spec
 
     quant = cand.quant.model_dump(exclude_none=True)
+    mix = mix_name(quant)
+    if mix is not None:  # llama-quantize's named mix: every weight, the embedding included (fideval.quant.gguf_mix_spec)
+        im, im_info = read_candidate_imatrix(cand)
+        spec = MixSpec(mix, files.folder, im)
+        hooks = {"weight_transform": spec.weight_transform, "act_transform": spec.act_transform if path == "serving" else None}
+        info = {"source": "emulated", "quant": quant, "bits_per_weight": spec.bits()}
+        return hooks, {**info, **({"imatrix": im_info} if im_info else {})}
     im, im_info = imatrix_lookup(cand, files.folder)
     spec = compile_spec(quant, imatrix=im)
     by_class = class_shapes(files.folder)
@@ -224,20 +232,30 @@ def _emulated(cand: Any, path: str, files: Any) -> tuple[dict[str, Any], dict[st
     return hooks, {**info, **({"imatrix": im_info} if im_info else {})}
 
 
-def imatrix_lookup(cand: Any, model_dir: Any) -> tuple[Any, dict[str, Any] | None]:
-    """The candidate's ``imatrix`` file as the spec's per-parameter lookup, and what score.json records of it."""
+def read_candidate_imatrix(cand: Any) -> tuple[Any, dict[str, Any] | None]:
+    """The candidate's ``imatrix`` file (an :class:`fideval.quant.imatrix.Imatrix`, by llama.cpp names) and what
+    score.json records of it; (None, None) without one."""
     if getattr(cand, "imatrix", None) is None:
         return None, None
     from fideval.config import resolve_path
     from fideval.fsio import sha256_file
-    from fideval.quant.imatrix import ImatrixLookup, read_imatrix
+    from fideval.quant.imatrix import read_imatrix
 
     path = resolve_path(cand.imatrix)
     im = read_imatrix(path)
+    return im, {"path": str(cand.imatrix), "sha256": sha256_file(path), "entries": len(im.entries),
+                "datasets": im.datasets, "chunks": im.chunk_count, "legacy": im.legacy}
+
+
+def imatrix_lookup(cand: Any, model_dir: Any) -> tuple[Any, dict[str, Any] | None]:
+    """The candidate's ``imatrix`` file as the spec's per-parameter lookup, and what score.json records of it."""
+    im, info = read_candidate_imatrix(cand)
+    if im is None:
+        return None, None
+    from fideval.quant.imatrix import ImatrixLookup
+
     cfg = json.loads((Path(model_dir) / "config.json").read_text())
-    lookup = ImatrixLookup(im, cfg.get("model_type"), int(cfg.get("num_hidden_layers") or 0))
-    return lookup, {"path": str(cand.imatrix), "sha256": sha256_file(path), "entries": len(im.entries),
-                    "datasets": im.datasets, "chunks": im.chunk_count, "legacy": im.legacy}
+    return ImatrixLookup(im, cfg.get("model_type"), int(cfg.get("num_hidden_layers") or 0)), info
 
 
 def checkpoint_hooks(ckpt: Any, path: str) -> dict:

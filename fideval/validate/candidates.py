@@ -21,7 +21,9 @@ from fideval.validate.model import Probe
 
 def check(cfg: Any, probe: Probe, found: Findings) -> None:
     for cand in cfg.candidates:
-        if cand.quant is not None:
+        if cand.quant is not None and cand.quant.gguf_mix is not None:
+            _mix(cand, cand.quant.gguf_mix, probe, found, cfg.teacher.model_parallel)
+        elif cand.quant is not None:
             _emulated(cand, probe, found)
         else:
             _real(cand, probe, found)
@@ -99,6 +101,45 @@ def _emulated(cand: Any, probe: Probe, found: Findings) -> None:
                 part = "group" if "group" in quant[cls] else "format"
                 found.add(f"{base}.{cls}.{part}", FidevalError(f"{name}: {e.message}", hint=e.hint))
                 break
+
+
+def _mix(cand: Any, mix: str, probe: Probe, found: Findings, model_parallel: int = 1) -> None:
+    """A ``gguf_mix`` candidate as the stage builds it (:class:`fideval.quant.gguf_mix_spec.MixSpec`): the mix name,
+    the whole model's GGUF plan, and an imatrix entry of the right size for every tensor it quantizes with one (and
+    no imatrix on an MoE split over ranks: a rank's experts cannot be matched to their imatrix rows)."""
+    from fideval.config import resolve_path
+    from fideval.quant.gguf_mix_spec import MixSpec
+    from fideval.quant.gguf_mixes import MIXES
+    from fideval.score.candidate import read_candidate_imatrix
+
+    key = f"candidates.{cand.name}.quant.gguf_mix"
+    if str(mix).upper() not in MIXES:
+        found.add(key, FidevalError(f"unknown gguf mix {mix!r}", hint=f"use one of {', '.join(MIXES)}"))
+        return
+    im = None
+    if cand.imatrix is not None and resolve_path(cand.imatrix).exists():  # else check_files names it
+        try:
+            im, _ = read_candidate_imatrix(cand)
+        except FidevalError as e:
+            found.add(f"candidates.{cand.name}.imatrix", e)
+            return
+    if probe.folder is None:
+        return
+    try:
+        MixSpec(mix, probe.folder)
+    except FidevalError as e:
+        found.add(key, e)
+        return
+    if im is not None:
+        try:
+            spec = MixSpec(mix, probe.folder, im)
+        except FidevalError as e:
+            found.add(f"candidates.{cand.name}.imatrix", e)
+            return
+        if model_parallel > 1 and spec.model.n_expert:
+            found.add(f"candidates.{cand.name}.imatrix", FidevalError(
+                f"an imatrix on a model whose experts are split over {model_parallel} ranks: a rank's experts cannot be "
+                "matched to their imatrix rows", hint="run an imatrix candidate with teacher.model_parallel 1"))
 
 
 def _real(cand: Any, probe: Probe, found: Findings) -> None:

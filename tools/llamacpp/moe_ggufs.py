@@ -133,7 +133,8 @@ def convert(llama_cpp: Path, folder: Path, out: Path, outtype: str = "q8_0", fus
             self.gguf_writer.add_token_merges([])
 
     with torch.inference_mode():
-        ftype = {"q8_0": gguf.LlamaFileType.MOSTLY_Q8_0, "f16": gguf.LlamaFileType.MOSTLY_F16}[outtype]
+        ftype = {"q8_0": gguf.LlamaFileType.MOSTLY_Q8_0, "f16": gguf.LlamaFileType.MOSTLY_F16,
+                 "f32": gguf.LlamaFileType.ALL_F32}[outtype]
         Converter(folder, ftype, out, eager=True, fuse_qkv=fuse_qkv).write()
 
 
