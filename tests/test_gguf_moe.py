@@ -46,7 +46,12 @@ LAYER = {  # Hugging Face name after "model.layers.<i>." -> llama.cpp name after
     "mlp.shared_experts.down_proj.weight": "ffn_down_shexp.weight", "mlp.shared_expert.gate_proj.weight": "ffn_gate_shexp.weight",
     "mlp.shared_expert.up_proj.weight": "ffn_up_shexp.weight", "mlp.shared_expert.down_proj.weight": "ffn_down_shexp.weight",
     "mlp.shared_expert_gate.weight": "ffn_gate_inp_shexp.weight",
+    "self_attn.qkv_proj.weight": "attn_qkv.weight", "mlp.gate_up_proj.weight": "ffn_up.weight",  # phi3: kept fused
+    "pre_feedforward_layernorm.weight": "ffn_norm.weight", "post_feedforward_layernorm.weight": "post_ffw_norm.weight",
+    "block_sparse_moe.router.layer.weight": "ffn_gate_inp.weight", "block_sparse_moe.output_linear.weight": "ffn_down_exps.weight",
 }
+PERMUTED = {"llama", "granitemoe"}  # the converter's LlamaModel.permute (GraniteModel is a LlamaModel)
+PLUS_ONE = {"gemma2", "gemma3"}  # norm weights stored + 1 (Gemma's RMSNorm scales by 1 + weight)
 TOP = {"model.embed_tokens.weight": "token_embd.weight", "model.norm.weight": "output_norm.weight",
        "lm_head.weight": "output.weight"}
 EXPERT = {"gate_proj": "ffn_gate_exps", "w1": "ffn_gate_exps", "up_proj": "ffn_up_exps", "w3": "ffn_up_exps",
@@ -94,13 +99,19 @@ def oracle_folder(name: str, dst: Path, file: str = "model.gguf") -> Path:
                     g, u = g.transpose(1, 2), u.transpose(1, 2)  # [E, H, I]
                 t = torch.empty(v.shape)
                 t[..., 0::2], t[..., 1::2] = g, u
+        elif m := re.fullmatch(r"model\.layers\.(\d+)\.block_sparse_moe\.input_linear\.weight", key):  # granitemoe
+            g, u = deq[f"blk.{m[1]}.ffn_gate_exps.weight"], deq[f"blk.{m[1]}.ffn_up_exps.weight"]  # [E, I, H]
+            t = torch.empty(v.shape)
+            for e in range(v.shape[0]):
+                t[e, : g.shape[1]], t[e, g.shape[1]:] = g[e], u[e]
         elif m := re.fullmatch(r"model\.layers\.(\d+)\.self_attn\.kv_b_proj\.weight", key):
             k_b, v_b = deq[f"blk.{m[1]}.attn_k_b.weight"], deq[f"blk.{m[1]}.attn_v_b.weight"]  # [H, r, nope], [H, v, r]
             t = torch.cat([torch.cat([k_b[h].T, v_b[h]]) for h in range(k_b.shape[0])])
         else:
             i, rest = re.fullmatch(r"model\.layers\.(\d+)\.(.+)", key).groups()
             if rest == "post_attention_layernorm.weight":  # llama.cpp's name depends on where the norm sits
-                g = "ffn_norm.weight" if f"blk.{i}.ffn_norm.weight" in deq else "post_attention_norm.weight"
+                g = ("ffn_norm.weight" if f"blk.{i}.ffn_norm.weight" in deq and arch not in PLUS_ONE
+                     else "post_attention_norm.weight")
             else:
                 g = LAYER[rest]
             if f"blk.{i}.{g}" not in deq and g in ("attn_q.weight", "attn_k.weight", "attn_v.weight"):  # --fuse-qkv
@@ -109,9 +120,11 @@ def oracle_folder(name: str, dst: Path, file: str = "model.gguf") -> Path:
                 t = deq[f"blk.{i}.attn_qkv.weight"][at:at + v.shape[0]]
             else:
                 t = deq[f"blk.{i}.{g}"]
-            if arch == "llama" and rest in ("self_attn.q_proj.weight", "self_attn.k_proj.weight"):
+            if arch in PERMUTED and rest in ("self_attn.q_proj.weight", "self_attn.k_proj.weight"):
                 heads = cfg["num_attention_heads"] if "q_proj" in rest else cfg["num_key_value_heads"]
                 t = _unpermute(t, heads)
+        if arch in PLUS_ONE and key.endswith("norm.weight"):
+            t = t - 1
         out[key] = t.reshape(v.shape).float().contiguous()
     dst.mkdir(parents=True, exist_ok=True)
     cfg["dtype"] = "float32"

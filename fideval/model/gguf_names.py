@@ -14,11 +14,15 @@ What the converter does besides renaming is undone here, as :class:`Source` ops:
 * ``gate_up_interleaved`` / ``transpose``: gpt-oss keeps its experts transposed ([E, H, 2I], gate and up
   interleaved column by column; ``down_proj`` [E, I, H]); the converter de-interleaves and transposes them.
 * ``rows``: ``--fuse-qkv`` writes ``attn_qkv`` = cat(q, k, v) (after the permutation): each is its rows.
+* ``minus_one``: Gemma2/Gemma3 norm weights are stored as ``weight + 1`` (their RMSNorm scales by ``1 + weight``);
+  the one op that computes: ``g - 1`` in float32, exact wherever ``g`` >= 0.5 (Sterbenz), i.e. a reference weight
+  >= -0.5; below, rounded by at most half an ulp of 1 (6e-8), far under the stored value's own rounding.
 * ``kv_b``: DeepSeek MLA's ``kv_b_proj`` [H * (nope + v), r] is written either whole (``attn_kv_b``, older
   converters) or, since llama.cpp's MLA absorption, split per head into ``attn_k_b`` [H, r, nope] (transposed)
   and ``attn_v_b`` [H, v, r]; both layouts are read.
 
-Every op moves whole rows or elements; none computes, so a dequantized GGUF tensor's values arrive unchanged.
+Every other op moves whole rows or elements and computes nothing, so a dequantized GGUF tensor's values arrive
+unchanged. Tied embeddings (gemma2, gemma3: no ``output.weight``) are left to the runner's tying.
 """
 
 from __future__ import annotations
@@ -31,7 +35,11 @@ from fideval.errors import FidevalError
 
 # llama.cpp architecture -> the Hugging Face architectures its converter writes it from (and the runner runs)
 GGUF_ARCHS: dict[str, tuple[str, ...]] = {
-    "llama": ("LlamaForCausalLM", "MixtralForCausalLM"),
+    "llama": ("LlamaForCausalLM", "MixtralForCausalLM", "MistralForCausalLM"),
+    "phi3": ("Phi3ForCausalLM",),
+    "gemma2": ("Gemma2ForCausalLM",),
+    "gemma3": ("Gemma3ForCausalLM",),
+    "granitemoe": ("GraniteMoeForCausalLM",),
     "qwen2": ("Qwen2ForCausalLM",),
     "qwen3": ("Qwen3ForCausalLM",),
     "qwen2moe": ("Qwen2MoeForCausalLM",),
@@ -44,8 +52,13 @@ GGUF_ARCHS: dict[str, tuple[str, ...]] = {
     "minimax-m2": ("MiniMaxM2ForCausalLM",),
     "gpt-oss": ("GptOssForCausalLM",),
 }
-_PERMUTED = {"llama"}  # LlamaModel.undo_permute: the converter permutes Q/K rows
+_PERMUTED = {"llama", "granitemoe"}  # LlamaModel.undo_permute (GraniteModel inherits it): Q/K rows permuted
 _INTERLEAVED = {"gpt-oss"}  # experts stored [E, H, 2I], gate/up interleaved (GptOssModel.modify_tensors)
+# Gemma's RMSNorm scales by (1 + weight); the converter stores weight + 1 (Gemma2Model/Gemma3Model.modify_tensors)
+_NORM_PLUS_ONE = {"gemma2", "gemma3"}
+# GraniteMoe's experts are one fused ``input_linear`` on disk, which gguf-py's table does not name: the converter
+# splits it into ffn_gate_exps / ffn_up_exps (GraniteMoeModel.modify_tensors)
+_SPLIT_INPUT_LINEAR = {"granitemoe"}
 # tensors llama.cpp adds that are no parameter of the Hugging Face model (rope frequency factors are in config.json)
 IGNORED = re.compile(r"^(rope_freqs|rope_factors_long|rope_factors_short)\.weight$")
 _EXPERTS = re.compile(r"(?P<prefix>model\.layers\.(?P<bid>\d+)\..*experts)\.(?P<which>gate_up_proj|down_proj)(?P<bias>_bias)?$")
@@ -57,7 +70,7 @@ class Source:
     """One Hugging Face tensor as made from GGUF tensors ``parts`` (file names) by ``op``."""
 
     parts: tuple[str, ...]
-    op: str = "plain"  # plain | permute | gate_up | gate_up_interleaved | transpose | kv_b
+    op: str = "plain"  # plain | permute | gate_up | gate_up_interleaved | transpose | kv_b | minus_one
     heads: int = 0  # permute: the head count (KV heads for K) the converter permuted with
     rows: tuple[int, int, int] | None = None  # (start, stop, total): rows [start, stop) of a fused part (attn_qkv)
 
@@ -99,8 +112,9 @@ def plan_sources(arch: str, expected: dict[str, tuple[int, ...]], present: set[s
     def gguf_name(base: str, bias: bool) -> str | None:
         g = tm.get_name(base)
         for mine, theirs in renames:  # the on-disk name the converter saw (transformers' conversion_mapping)
-            if g is None and mine in base + ".":
-                g = tm.get_name((base + ".").replace(mine, theirs).rstrip("."))
+            for seen in (base + ".", base + (".bias" if bias else ".weight")):
+                if g is None and mine in seen:
+                    g = tm.get_name(re.sub(r"\.(weight|bias)$", "", seen.replace(mine, theirs).rstrip(".")))
         if g is None:
             return None
         for cand in (g + (".bias" if bias else ".weight"), g):
@@ -132,6 +146,10 @@ def plan_sources(arch: str, expected: dict[str, tuple[int, ...]], present: set[s
                 heads = config.get("num_attention_heads")
                 kv = config.get("num_key_value_heads") or heads
                 src = Source(src.parts, "permute", int(kv if ".attn_k." in name else heads), src.rows)
+        if src is None and hf == "lm_head.weight" and config.get("tie_word_embeddings"):
+            continue  # no output tensor of its own (gemma2's name table has none): the runner ties it
+        if src is not None and arch in _NORM_PLUS_ONE and hf.endswith("norm.weight"):
+            src = Source(src.parts, "minus_one")
         if src is None:
             raise FidevalError(f"{where}: gguf-py has no {arch!r} name for the reference tensor {hf}",
                                hint="update the gguf package, or the architecture is not one llama.cpp converts this way")
@@ -163,6 +181,8 @@ def _experts(m: re.Match, arch: str, gguf_name, present: set[str]) -> Source | N
             return None
         return Source((name,), "transpose" if arch in _INTERLEAVED and not bias else "plain")
     gate, up = gguf_name(prefix + ".gate_proj", bias), gguf_name(prefix + ".up_proj", bias)
+    if gate is None and up is None and arch in _SPLIT_INPUT_LINEAR:  # granitemoe's input_linear, split by the converter
+        gate, up = (_template(t, bid) + (".bias" if bias else ".weight") for t in ("FFN_GATE_EXP", "FFN_UP_EXP"))
     if gate is None or up is None:
         return None
     fused = _template("FFN_GATE_UP_EXP", bid) + (".bias" if bias else ".weight")
@@ -192,6 +212,8 @@ def assemble(src: Source, parts: list, shape: tuple[int, ...]):
         t = torch.stack((gate, up), dim=2 if gate.dim() == 3 else -1).flatten(1, 2 if gate.dim() == 3 else -1)
         if gate.dim() == 3:
             t = t.transpose(-1, -2)
+    elif src.op == "minus_one":
+        t = parts[0] - 1.0
     elif src.op == "transpose":
         t = parts[0].transpose(-1, -2)
     elif src.op == "kv_b":

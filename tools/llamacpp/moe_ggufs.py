@@ -82,6 +82,22 @@ def configs() -> dict[str, object]:
         "glm4_moe": tf.Glm4MoeConfig(**small, intermediate_size=64, moe_intermediate_size=32, num_hidden_layers=2,
                                      num_key_value_heads=2, n_routed_experts=4, n_shared_experts=1, num_experts_per_tok=2,
                                      n_group=1, topk_group=1, first_k_dense_replace=1, head_dim=16),
+        # dense families (llama.cpp writes Mistral as llama; Phi3 fused qkv/gate_up; Gemma norms stored +1)
+        "mistral": tf.MistralConfig(**small, intermediate_size=64, num_hidden_layers=2, num_key_value_heads=2,
+                                    head_dim=16, sliding_window=None),
+        "phi3": tf.Phi3Config(**small, intermediate_size=64, num_hidden_layers=2, num_key_value_heads=2,
+                              partial_rotary_factor=0.5, pad_token_id=0, bos_token_id=1, eos_token_id=2),
+        "gemma2": tf.Gemma2Config(**{**small, "tie_word_embeddings": True}, intermediate_size=64, num_hidden_layers=2,
+                                  num_key_value_heads=2, head_dim=16, query_pre_attn_scalar=16, sliding_window=8,
+                                  attn_logit_softcapping=50.0, final_logit_softcapping=30.0, pad_token_id=0,
+                                  bos_token_id=1, eos_token_id=2),
+        "gemma3": tf.Gemma3TextConfig(**{**small, "tie_word_embeddings": True}, intermediate_size=64,
+                                      num_hidden_layers=2, num_key_value_heads=2, head_dim=16, query_pre_attn_scalar=16,
+                                      sliding_window=8, pad_token_id=0, bos_token_id=1, eos_token_id=2),
+        "granitemoe": tf.GraniteMoeConfig(**small, intermediate_size=32, num_hidden_layers=2, num_key_value_heads=2,
+                                          num_local_experts=4, num_experts_per_tok=2, embedding_multiplier=12.0,
+                                          residual_multiplier=0.22, attention_multiplier=0.0078125, logits_scaling=6.0,
+                                          pad_token_id=0, bos_token_id=1, eos_token_id=2),
     }
 
 
@@ -107,6 +123,9 @@ def save_reference(name: str, folder: Path, seed: int = 0) -> Path:
     (folder / "config.json").write_text(json.dumps(cfg, indent=2, sort_keys=True) + "\n")
     for junk in ("generation_config.json",):
         (folder / junk).unlink(missing_ok=True)
+    if name == "gemma3":  # Gemma3Model.modify_tensors cuts token_embd to the tokenizer's size (not kept in the fixture)
+        vocab = {f"<t{i}>": i for i in range(cfg["vocab_size"])}
+        (folder / "tokenizer.json").write_text(json.dumps({"model": {"vocab": vocab}, "added_tokens": []}))
     return folder
 
 
