@@ -70,8 +70,10 @@ def _cfg(config: dict, *keys: str) -> Any:
 
 
 def _rope(config: dict) -> dict:
-    """rope_theta, type ('none' for default), factor and original context from either config layout."""
+    """rope_theta, type ('none' for default), factor and original context from either config layout (Gemma3's
+    per-layer-type ``rope_parameters``: the full-attention layers', which llama.cpp's ``rope.freq_base`` holds)."""
     rp = config.get("rope_parameters") or {}
+    rp = rp.get("full_attention", rp)
     rs = config.get("rope_scaling") or {}
     theta = _cfg(config, "rope_theta") if config.get("rope_theta") is not None else rp.get("rope_theta")
     kind = rs.get("rope_type") or rs.get("type") or rp.get("rope_type") or "default"
@@ -161,7 +163,7 @@ def check_gguf_metadata(reader, arch: str, config: dict, where: str | Path) -> N
     window = config.get("sliding_window") if used else None  # Qwen's and Dots1's configs carry a window no layer uses
     k = key(Keys.Attention.SLIDING_WINDOW)
     gv = gguf_value(reader, k)
-    if window and (gv is None or int(gv) != int(window)):  # absent: llama.cpp attends to the whole context
+    if window and arch != "phi3" and (gv is None or int(gv) != int(window)):  # absent: whole context; phi3 below
         disagree(k, gv if gv is not None else "none", gv is None, "sliding_window", window)
     if arch == "deepseek2" and config.get("rope_interleave") is False:
         disagree("deepseek2 rope", "interleaved pairs (llama.cpp's rope type NORM)", False, "rope_interleave", False)
@@ -169,6 +171,7 @@ def check_gguf_metadata(reader, arch: str, config: dict, where: str | Path) -> N
     gv, rot = gguf_value(reader, k), _rotary_dims(config)
     if gv is not None and rot is not None and gv != rot:
         disagree(k, gv, False, "rotary dimensions", rot)
+    _family_checks(reader, arch, config, key, disagree, compare)
     rope = _rope(config)
     k = key(Keys.Rope.FREQ_BASE)
     gv = gguf_value(reader, k)
@@ -183,3 +186,66 @@ def check_gguf_metadata(reader, arch: str, config: dict, where: str | Path) -> N
             gv, rv = gguf_value(reader, key(template)), rope[name]
             if gv is not None and rv is not None and not _same(gv, float(rv) if name == "factor" else int(rv)):
                 disagree(key(template), gv, False, f"rope {'factor' if name == 'factor' else 'original_max_position_embeddings'}", rv)
+
+
+# llama.cpp's sliding-window layer period when the GGUF has no pattern key (load_swa_pattern's default per graph):
+# layer i slides when i % n < n - 1
+_SWA_PERIOD = {"gemma2": 2, "gemma3": 6}
+_27B_LAYERS = {"gemma2": 46, "gemma3": 62}  # llama.cpp scales Q by 1/sqrt(n_embd / n_head) for these, else 1/sqrt(head)
+
+
+def _family_checks(reader, arch: str, config: dict, key, disagree, compare) -> None:
+    """What one architecture's llama.cpp graph fixes or reads beyond the common keys: Gemma's softcapping, query
+    scale, sliding-layer pattern and local rope base; GraniteMoe's four multipliers; Phi3's disabled window."""
+    from gguf import Keys
+
+    if arch in ("gemma2", "gemma3"):
+        defaults = {"gemma2": (50.0, 30.0), "gemma3": (None, None)}[arch]  # llama_hparams / gemma3.cpp's 0 = off
+        for template, ck, default in ((Keys.LLM.ATTN_LOGIT_SOFTCAPPING, "attn_logit_softcapping", defaults[0]),
+                                      (Keys.LLM.FINAL_LOGIT_SOFTCAPPING, "final_logit_softcapping", defaults[1])):
+            rv = config.get(ck)
+            if arch == "gemma3" and ck == "attn_logit_softcapping":
+                if rv is not None:
+                    disagree(f"{arch} attention softcapping", "none (llama.cpp's gemma3 graph has none)", False, ck, rv)
+                continue
+            gv = gguf_value(reader, key(template))
+            absent = gv is None
+            gv = (default if absent else gv) or None  # 0: off
+            if (gv is None) != (rv is None) or (rv is not None and not _same(float(gv), float(rv))):
+                disagree(key(template), gv if gv is not None else "none", absent, ck, rv)
+        heads, hidden = config.get("num_attention_heads"), config.get("hidden_size")
+        head = gguf_value(reader, key(Keys.Attention.KEY_LENGTH)) or (hidden // heads if heads and hidden else None)
+        layers = gguf_value(reader, key(Keys.LLM.BLOCK_COUNT))
+        scalar = hidden // heads if layers == _27B_LAYERS[arch] and heads and hidden else head
+        rv = config.get("query_pre_attn_scalar")
+        if rv is not None and scalar is not None and not _same(float(scalar), float(rv)):
+            disagree(f"{arch} query scale", f"1/sqrt({scalar}) (llama.cpp's graph for {layers} layers)", False,
+                     "query_pre_attn_scalar", rv)
+        types = config.get("layer_types")
+        window = gguf_value(reader, key(Keys.Attention.SLIDING_WINDOW))
+        if types and (window or arch == "gemma2"):
+            f = reader.fields.get(key(Keys.Attention.SLIDING_WINDOW_PATTERN))
+            pat = f.contents() if f is not None else _SWA_PERIOD[arch]
+            slides = [bool(pat[i]) for i in range(len(types))] if isinstance(pat, list) else \
+                [i % int(pat) < int(pat) - 1 for i in range(len(types))]
+            ref = [t == "sliding_attention" for t in types]
+            if slides != ref:
+                disagree(f"{arch} sliding layers", [i for i, x in enumerate(slides) if x], f is None,
+                         "layer_types' sliding layers", [i for i, x in enumerate(ref) if x])
+        local = ((config.get("rope_parameters") or {}).get("sliding_attention") or {}).get("rope_theta")
+        local = local if local is not None else config.get("rope_local_base_freq")
+        k = key(Keys.Rope.FREQ_BASE_SWA)
+        gv = gguf_value(reader, k)
+        if arch == "gemma3" and window and local is not None and not _same(gv if gv is not None else 10000.0, float(local)):
+            disagree(k, gv if gv is not None else 10000.0, gv is None, "sliding layers' rope_theta", local)
+    if arch == "granitemoe":
+        heads, hidden = config.get("num_attention_heads"), config.get("hidden_size")
+        attn_default = 1.0 / float(np.sqrt(hidden // heads)) if heads and hidden else None
+        compare(Keys.LLM.EMBEDDING_SCALE, ("embedding_multiplier",), 1.0)  # absent: 0, i.e. no scaling
+        compare(Keys.LLM.RESIDUAL_SCALE, ("residual_multiplier",), 1.0)
+        compare(Keys.Attention.SCALE, ("attention_multiplier",), attn_default)  # absent: 1/sqrt(head size)
+        compare(Keys.LLM.LOGIT_SCALE, ("logits_scaling",), "none, which llama.cpp refuses to load")
+    if arch == "phi3" and config.get("sliding_window") and config.get("use_sliding_window") is not False:
+        disagree(f"{arch} sliding window", "none (llama.cpp's phi3 graph disables it)", False, "sliding_window",
+                 config["sliding_window"], "llama.cpp attends to the whole context for phi3 (its SWA is disabled); "
+                 "the build computes another model past the window")
