@@ -1,4 +1,4 @@
-"""Write the MoE GGUF fixtures with llama.cpp's own converter (run once, by hand; CI has no llama.cpp).
+"""Write the MoE (and dense) GGUF fixtures with llama.cpp's own converter (run once, by hand; CI has no llama.cpp).
 
     pip download --no-binary :all: --no-deps llama-cpp-python==0.3.36   # vendors llama.cpp
     tar xzf llama_cpp_python-0.3.36.tar.gz
@@ -10,7 +10,9 @@ from the llama.cpp tree with its vendored gguf-py: tensor names, stacking of exp
 llama Q/K permutation and every metadata key are the converter's. One thing is replaced: ``set_vocab``. The
 converter identifies a BPE tokenizer by hashing its output on a fixed text and refuses any it does not know, and a
 tiny model has no published tokenizer; the vocabulary is no part of what fideval compares, so the fixtures carry
-``vocab_size`` placeholder tokens instead.
+``vocab_size`` placeholder tokens instead (and Gemma3, whose converter cuts ``token_embd`` to the tokenizer's
+size, gets a ``tokenizer.json`` of that many tokens in the temporary folder). The dense families (Mistral, Phi3,
+Gemma2, Gemma3; GraniteMoe too) sit beside the MoE ones so tests/test_gguf_moe.py's oracle takes them all.
 
 The DeepSeek-V3 model has ``hidden_size`` 256 so that its rows hold whole 256-element super-blocks: after the
 conversion, the tensors llama-quantize's Q4_K_M would make Q4_K (attention and expert gate/up rows of 256) are
