@@ -1,5 +1,5 @@
-"""Metadata of the dense and GraniteMoe converter fixtures (tests/data/llamacpp/moe: mistral, phi3, gemma2, gemma3,
-granitemoe) that makes llama.cpp compute another model than the reference: one GGUF key changed (gguf-py's
+"""Metadata of the dense, GraniteMoe and Llama4 converter fixtures (tests/data/llamacpp/moe: mistral, phi3, gemma2,
+gemma3, granitemoe, llama4) that makes llama.cpp compute another model than the reference: one GGUF key changed (gguf-py's
 reader/writer, tests/gguf_rewrite.py) or one reference config key changed. Each is one line naming both values."""
 
 from __future__ import annotations
@@ -55,6 +55,13 @@ GGUF_CASES = [  # fixture, GGUF key changes (None: removed), the error's words
      "GGUF granitemoe.expert_used_count = 1 but the reference config's num_experts_per_tok = 2"),
     ("phi3", {"phi3.rope.dimension_count": (16, U32)},
      "GGUF phi3.rope.dimension_count = 16 but the reference config's rotary dimensions = 8"),
+    ("llama4", {"llama4.interleave_moe_layer_step": (2, U32)},
+     "GGUF llama4.interleave_moe_layer_step = 2 but the reference config's interleave_moe_layer_step = 1"),
+    ("llama4", {"llama4.expert_used_count": (2, U32)},
+     "GGUF llama4.expert_used_count = 2 but the reference config's num_experts_per_tok = 1"),
+    ("llama4", {"llama4.attention.sliding_window": (0, U32)},  # llama.cpp: no chunking, and rope on every layer
+     "GGUF llama4 attention_chunk_size = None (fixed in llama.cpp's graph) but the reference config's "
+     "attention_chunk_size = 8192"),
     ("mistral", {"llama.rope.freq_base": (50000.0, F32)},
      "GGUF llama.rope.freq_base = 50000.0 but the reference config's rope_theta = 10000.0"),
 ]
@@ -89,6 +96,15 @@ REF_CASES = [  # fixture, reference config.json changes, the error's words
     ("mistral", {"sliding_window": 4096},
      "GGUF llama.attention.sliding_window = none (absent: llama.cpp's default) but the reference config's "
      "sliding_window = 4096"),
+    ("llama4", {"attention_chunk_size": 16},
+     "GGUF llama4 attention_chunk_size = 8192 (fixed in llama.cpp's graph) but the reference config's "
+     "attention_chunk_size = 16"),
+    ("llama4", {"no_rope_layers": [1, 0]},
+     "GGUF llama4 no_rope_layers = [1, 1] (fixed in llama.cpp's graph) but the reference config's no_rope_layers = [1, 0]"),
+    ("llama4", {"use_qk_norm": False},
+     "GGUF llama4 use_qk_norm = True (fixed in llama.cpp's graph) but the reference config's use_qk_norm = False"),
+    ("llama4", {"attn_scale": 0.2},
+     "GGUF llama4 attn_scale = 0.1 (fixed in llama.cpp's graph) but the reference config's attn_scale = 0.2"),
     ("granitemoe", {"residual_multiplier": 1.0},
      "GGUF granitemoe.residual_scale = 0.22 but the reference config's residual_multiplier = 1.0"),
 ]

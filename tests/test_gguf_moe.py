@@ -48,6 +48,9 @@ LAYER = {  # Hugging Face name after "model.layers.<i>." -> llama.cpp name after
     "mlp.shared_expert_gate.weight": "ffn_gate_inp_shexp.weight",
     "self_attn.qkv_proj.weight": "attn_qkv.weight", "mlp.gate_up_proj.weight": "ffn_up.weight",  # phi3: kept fused
     "pre_feedforward_layernorm.weight": "ffn_norm.weight", "post_feedforward_layernorm.weight": "post_ffw_norm.weight",
+    "feed_forward.router.weight": "ffn_gate_inp.weight", "feed_forward.shared_expert.gate_proj.weight": "ffn_gate_shexp.weight",
+    "feed_forward.shared_expert.up_proj.weight": "ffn_up_shexp.weight",
+    "feed_forward.shared_expert.down_proj.weight": "ffn_down_shexp.weight",
     "block_sparse_moe.router.layer.weight": "ffn_gate_inp.weight", "block_sparse_moe.output_linear.weight": "ffn_down_exps.weight",
 }
 PERMUTED = {"llama", "granitemoe"}  # the converter's LlamaModel.permute (GraniteModel is a LlamaModel)
@@ -99,6 +102,13 @@ def oracle_folder(name: str, dst: Path, file: str = "model.gguf") -> Path:
                     g, u = g.transpose(1, 2), u.transpose(1, 2)  # [E, H, I]
                 t = torch.empty(v.shape)
                 t[..., 0::2], t[..., 1::2] = g, u
+        elif m := re.fullmatch(r"model\.layers\.(\d+)\.feed_forward\.experts\.(gate_up_proj|down_proj)", key):  # llama4
+            t = torch.empty(v.shape)  # gate_up [E, H, 2I], down [E, I, H]; the GGUF's [E, I, H] / [E, H, I]
+            parts = ["down"] if m[2] == "down_proj" else ["gate", "up"]
+            for j, part in enumerate(parts):
+                d = deq[f"blk.{m[1]}.ffn_{part}_exps.weight"]
+                for e, a, b in np.ndindex(*d.shape):
+                    t[e, b, a + j * d.shape[1]] = d[e, a, b]
         elif m := re.fullmatch(r"model\.layers\.(\d+)\.block_sparse_moe\.input_linear\.weight", key):  # granitemoe
             g, u = deq[f"blk.{m[1]}.ffn_gate_exps.weight"], deq[f"blk.{m[1]}.ffn_up_exps.weight"]  # [E, I, H]
             t = torch.empty(v.shape)

@@ -116,6 +116,10 @@ class GGUFCheckpoint:
             if s[0] != s[1]:
                 return tuple(s[0])
             return (s[0][0], s[0][2], 2 * s[0][1]) if len(s[0]) == 3 else (*s[0][:-1], 2 * s[0][-1])
+        if src.op == "gate_up_transposed":
+            if s[0] != s[1] or len(s[0]) != 3:
+                return tuple(s[0])
+            return (s[0][0], s[0][2], 2 * s[0][1])
         if src.op == "transpose":
             return (*s[0][:-2], s[0][-1], s[0][-2])
         if src.op == "kv_b":

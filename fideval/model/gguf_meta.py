@@ -196,7 +196,8 @@ _27B_LAYERS = {"gemma2": 46, "gemma3": 62}  # llama.cpp scales Q by 1/sqrt(n_emb
 
 def _family_checks(reader, arch: str, config: dict, key, disagree, compare) -> None:
     """What one architecture's llama.cpp graph fixes or reads beyond the common keys: Gemma's softcapping, query
-    scale, sliding-layer pattern and local rope base; GraniteMoe's four multipliers; Phi3's disabled window."""
+    scale, sliding-layer pattern and local rope base; GraniteMoe's four multipliers; Phi3's disabled window;
+    Llama4's chunk size, no-rope layers, attention temperature and q/k norm (fixed in llama4.cpp)."""
     from gguf import Keys
 
     if arch in ("gemma2", "gemma3"):
@@ -245,6 +246,22 @@ def _family_checks(reader, arch: str, config: dict, key, disagree, compare) -> N
         compare(Keys.LLM.RESIDUAL_SCALE, ("residual_multiplier",), 1.0)
         compare(Keys.Attention.SCALE, ("attention_multiplier",), attn_default)  # absent: 1/sqrt(head size)
         compare(Keys.LLM.LOGIT_SCALE, ("logits_scaling",), "none, which llama.cpp refuses to load")
+    if arch == "llama4":  # llama4.cpp: without sliding_window = 0, chunked attention with fixed settings
+        compare(Keys.LLM.INTERLEAVE_MOE_LAYER_STEP, ("interleave_moe_layer_step",))
+        window = gguf_value(reader, key(Keys.Attention.SLIDING_WINDOW))
+        chunked = window != 0 or window is None
+        n = int(config.get("num_hidden_layers") or 0)
+        step = 4 if chunked else n
+        fixed = {"attention_chunk_size": 8192 if chunked else None,
+                 "no_rope_layers": [int(step > 0 and (i + 1) % step != 0) for i in range(n)],
+                 "use_qk_norm": _cfg(config, "num_local_experts") != 128}
+        if chunked:
+            fixed.update(attn_temperature_tuning=True, floor_scale=8192, attn_scale=0.1)
+        for ck, gv in fixed.items():
+            rv = config.get(ck)
+            if ck in config and (bool(rv) != bool(gv) if isinstance(gv, bool) else not (
+                    rv == gv or (isinstance(gv, float) and rv is not None and _same(float(rv), gv)))):
+                disagree(f"{arch} {ck}", f"{gv} (fixed in llama.cpp's graph)", False, ck, rv)
     if arch == "phi3" and config.get("sliding_window") and config.get("use_sliding_window") is not False:
         disagree(f"{arch} sliding window", "none (llama.cpp's phi3 graph disables it)", False, "sliding_window",
                  config["sliding_window"], "llama.cpp attends to the whole context for phi3 (its SWA is disabled); "

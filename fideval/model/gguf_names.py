@@ -13,6 +13,8 @@ What the converter does besides renaming is undone here, as :class:`Source` ops:
   with ``--fuse-gate-up-exps`` holds that concatenation already (``ffn_gate_up_exps``).
 * ``gate_up_interleaved`` / ``transpose``: gpt-oss keeps its experts transposed ([E, H, 2I], gate and up
   interleaved column by column; ``down_proj`` [E, I, H]); the converter de-interleaves and transposes them.
+* ``gate_up_transposed``: Llama4 keeps experts as ``gate_up_proj`` [E, H, 2I] and ``down_proj`` [E, I, H]; the
+  converter transposes them (and splits gate/up): concatenated and transposed back.
 * ``rows``: ``--fuse-qkv`` writes ``attn_qkv`` = cat(q, k, v) (after the permutation): each is its rows.
 * ``minus_one``: Gemma2/Gemma3 norm weights are stored as ``weight + 1`` (their RMSNorm scales by ``1 + weight``);
   the one op that computes: ``g - 1`` in float32, exact wherever ``g`` >= 0.5 (Sterbenz), i.e. a reference weight
@@ -40,6 +42,7 @@ GGUF_ARCHS: dict[str, tuple[str, ...]] = {
     "gemma2": ("Gemma2ForCausalLM",),
     "gemma3": ("Gemma3ForCausalLM",),
     "granitemoe": ("GraniteMoeForCausalLM",),
+    "llama4": ("Llama4ForCausalLM",),
     "qwen2": ("Qwen2ForCausalLM",),
     "qwen3": ("Qwen3ForCausalLM",),
     "qwen2moe": ("Qwen2MoeForCausalLM",),
@@ -54,6 +57,9 @@ GGUF_ARCHS: dict[str, tuple[str, ...]] = {
 }
 _PERMUTED = {"llama", "granitemoe"}  # LlamaModel.undo_permute (GraniteModel inherits it): Q/K rows permuted
 _INTERLEAVED = {"gpt-oss"}  # experts stored [E, H, 2I], gate/up interleaved (GptOssModel.modify_tensors)
+# experts held [E, H, 2I] / [E, I, H] by transformers, transposed (and gate/up split) by the converter
+# (Llama4Model.modify_tensors)
+_TRANSPOSED = {"llama4"}
 # Gemma's RMSNorm scales by (1 + weight); the converter stores weight + 1 (Gemma2Model/Gemma3Model.modify_tensors)
 _NORM_PLUS_ONE = {"gemma2", "gemma3"}
 # GraniteMoe's experts are one fused ``input_linear`` on disk, which gguf-py's table does not name: the converter
@@ -70,7 +76,7 @@ class Source:
     """One Hugging Face tensor as made from GGUF tensors ``parts`` (file names) by ``op``."""
 
     parts: tuple[str, ...]
-    op: str = "plain"  # plain | permute | gate_up | gate_up_interleaved | transpose | kv_b | minus_one
+    op: str = "plain"  # plain | permute | gate_up | gate_up_interleaved | transpose | kv_b | minus_one | gate_up_transposed
     heads: int = 0  # permute: the head count (KV heads for K) the converter permuted with
     rows: tuple[int, int, int] | None = None  # (start, stop, total): rows [start, stop) of a fused part (attn_qkv)
 
@@ -179,7 +185,7 @@ def _experts(m: re.Match, arch: str, gguf_name, present: set[str]) -> Source | N
         name = gguf_name(prefix + ".down_proj", bias)
         if name is None:
             return None
-        return Source((name,), "transpose" if arch in _INTERLEAVED and not bias else "plain")
+        return Source((name,), "transpose" if arch in _INTERLEAVED | _TRANSPOSED and not bias else "plain")
     gate, up = gguf_name(prefix + ".gate_proj", bias), gguf_name(prefix + ".up_proj", bias)
     if gate is None and up is None and arch in _SPLIT_INPUT_LINEAR:  # granitemoe's input_linear, split by the converter
         gate, up = (_template(t, bid) + (".bias" if bias else ".weight") for t in ("FFN_GATE_EXP", "FFN_UP_EXP"))
@@ -188,6 +194,8 @@ def _experts(m: re.Match, arch: str, gguf_name, present: set[str]) -> Source | N
     fused = _template("FFN_GATE_UP_EXP", bid) + (".bias" if bias else ".weight")
     if arch in _INTERLEAVED:
         return Source((gate, up), "gate_up_interleaved")
+    if arch in _TRANSPOSED:
+        return Source((gate, up), "gate_up_transposed")
     if fused in present and gate not in present:
         return Source((fused,))
     return Source((gate, up), "gate_up")
@@ -212,6 +220,8 @@ def assemble(src: Source, parts: list, shape: tuple[int, ...]):
         t = torch.stack((gate, up), dim=2 if gate.dim() == 3 else -1).flatten(1, 2 if gate.dim() == 3 else -1)
         if gate.dim() == 3:
             t = t.transpose(-1, -2)
+    elif src.op == "gate_up_transposed":  # [E, I, H] x 2 -> [E, H, 2I]
+        t = torch.cat(parts, dim=1).transpose(-1, -2)
     elif src.op == "minus_one":
         t = parts[0] - 1.0
     elif src.op == "transpose":

@@ -100,6 +100,10 @@ def configs() -> dict[str, object]:
                                           num_local_experts=4, num_experts_per_tok=2, embedding_multiplier=12.0,
                                           residual_multiplier=0.22, attention_multiplier=0.0078125, logits_scaling=6.0,
                                           pad_token_id=0, bos_token_id=1, eos_token_id=2),
+        # llama.cpp's llama4 graph fixes chunk size, no-rope layers and attention temperature: transformers' defaults
+        "llama4": tf.Llama4TextConfig(**small, intermediate_size=32, intermediate_size_mlp=64, num_hidden_layers=2,
+                                      num_key_value_heads=2, head_dim=16, num_local_experts=4, num_experts_per_tok=1,
+                                      interleave_moe_layer_step=1, pad_token_id=0, bos_token_id=1, eos_token_id=2),
     }
 
 
