@@ -148,3 +148,16 @@ def test_mistral_is_a_llama_gguf_and_gemma_norms_are_stored_plus_one():
         assert (abs(raw.data - 1 - ref[key].float().numpy()) < 1e-3).all()
         assert (ck.read(key) - ref[key].float()).abs().max() < 1e-3
         assert "lm_head.weight" not in ck  # tied: no output tensor, the runner ties it
+
+
+def test_an_architecture_the_installed_gguf_package_has_no_table_for(tmp_path):
+    """DeepSeek-V3.2's ``deepseek32`` is in the vendored llama.cpp's gguf-py but not in gguf 0.19 from PyPI: were it
+    listed in GGUF_ARCHS, the missing name table would be one line naming the file, not a StopIteration."""
+    from fideval.model import gguf_names
+
+    p = tmp_path / "v32.gguf"
+    with pytest.raises(FidevalError) as e:
+        gguf_names.plan_sources("deepseek32", {}, set(), {"num_hidden_layers": 2}, p)
+    assert f"{p}: the installed gguf package (" in e.value.message
+    assert "has no name table for GGUF architecture 'deepseek32'" in e.value.message
+    assert "deepseek32" not in gguf_names.GGUF_ARCHS  # refused earlier, as not supported

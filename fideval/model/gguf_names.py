@@ -92,11 +92,23 @@ def hf_architecture(arch: str | None, hf_arch: str | None, where: Path) -> None:
                                 "model the GGUF was converted from")
 
 
-def _tensor_map(arch: str, n_layers: int):
+def _tensor_map(arch: str, n_layers: int, where: Path):
     import gguf
 
-    enum = next(k for k, v in gguf.MODEL_ARCH_NAMES.items() if v == arch)
+    enum = next((k for k, v in gguf.MODEL_ARCH_NAMES.items() if v == arch), None)
+    if enum is None:
+        raise FidevalError(f"{where}: the installed gguf package ({_gguf_version()}) has no name table for GGUF architecture "
+                           f"{arch!r}", hint="update the gguf package (pip install -U gguf)")
     return gguf.get_tensor_name_map(enum, n_layers)
+
+
+def _gguf_version() -> str:
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        return version("gguf")
+    except PackageNotFoundError:  # pragma: no cover - gguf imported from a source tree
+        return "unknown version"
 
 
 def _template(tensor: str, bid: int) -> str:
@@ -111,7 +123,7 @@ def plan_sources(arch: str, expected: dict[str, tuple[int, ...]], present: set[s
     where it comes from. A reference tensor without GGUF tensors is left out (the caller names it)."""
     from fideval.model.families import FAMILIES
 
-    tm = _tensor_map(arch, int(config.get("num_hidden_layers") or 0))
+    tm = _tensor_map(arch, int(config.get("num_hidden_layers") or 0), where)
     family = FAMILIES.get((config.get("architectures") or [None])[0])
     renames = family.renames if family is not None else ()
 
