@@ -93,6 +93,10 @@ REF_CASES = [  # fixture, reference config.json changes, the error's words
     ("phi3", {"sliding_window": 2047},
      "GGUF phi3 sliding window = none (llama.cpp's phi3 graph disables it) but the reference config's "
      "sliding_window = 2047"),
+    ("phi3", {"rope_parameters": {"rope_type": "longrope", "rope_theta": 10000.0, "short_factor": [1.0] * 4,
+                                  "long_factor": [2.0] * 4, "original_max_position_embeddings": 64}},
+     "GGUF phi3 rope = longrope factors chosen once by llama.cpp's context size but the reference config's rope type = "
+     "longrope (factors chosen per sequence length)"),
     ("mistral", {"sliding_window": 4096},
      "GGUF llama.attention.sliding_window = none (absent: llama.cpp's default) but the reference config's "
      "sliding_window = 4096"),

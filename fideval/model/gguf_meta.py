@@ -177,6 +177,10 @@ def check_gguf_metadata(reader, arch: str, config: dict, where: str | Path) -> N
     gv = gguf_value(reader, k)
     if rope["theta"] is not None and not _same(gv if gv is not None else 10000.0, float(rope["theta"])):
         disagree(k, gv if gv is not None else 10000.0, gv is None, "rope_theta", rope["theta"])
+    if arch == "phi3" and rope["type"] == "longrope":
+        disagree(f"{arch} rope", "longrope factors chosen once by llama.cpp's context size", False, "rope type",
+                 "longrope (factors chosen per sequence length)", "llama.cpp applies rope_factors_long or _short for "
+                 "the whole run by its n_ctx; transformers switches by each sequence's length: not the same model")
     k = key(Keys.Rope.SCALING_TYPE)
     gtype = gguf_value(reader, k)
     if (gtype or "none") != rope["type"]:
