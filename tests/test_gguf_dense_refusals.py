@@ -35,6 +35,9 @@ GGUF_CASES = [  # fixture, GGUF key changes (None: removed), the error's words
      "GGUF gemma2 sliding layers = [0, 1] but the reference config's layer_types' sliding layers = [0]"),
     ("gemma2", {"gemma2.attention.sliding_window": (16, U32)},
      "GGUF gemma2.attention.sliding_window = 16 but the reference config's sliding_window = 8"),
+    ("gemma2", {"gemma2.attention.sliding_window": None},
+     "GGUF gemma2.attention.sliding_window = 4096 (absent: llama.cpp's default) but the reference config's "
+     "sliding_window = 8"),
     ("gemma3", {"gemma3.final_logit_softcapping": (30.0, F32)},
      "GGUF gemma3.final_logit_softcapping = 30.0 but the reference config's final_logit_softcapping = None"),
     ("gemma3", {"gemma3.rope.freq_base": (10000.0, F32)},

@@ -35,6 +35,7 @@ _GGUF_DEFAULT_GATING = {"deepseek2": "softmax", "glm4moe": "sigmoid", "dots1": "
                         "minimax-m2": "none (llama.cpp aborts)"}
 # llama.cpp's graph normalises the top-k routing weights or not, fixed per architecture (src/models/<arch>.cpp,
 # build_moe_ffn's norm_w), where the reference config makes it a setting (norm_topk_prob)
+_DEFAULT_WINDOW = {"gemma2": 4096}  # llama.cpp's sliding window when the key is absent (gemma2.cpp), else none
 _FIXED_NORM = {"qwen2moe": False, "qwen3moe": True, "olmoe": False}
 _GATING = {1: "softmax", 2: "sigmoid", 3: "softmax_weight"}
 
@@ -163,8 +164,9 @@ def check_gguf_metadata(reader, arch: str, config: dict, where: str | Path) -> N
     window = config.get("sliding_window") if used else None  # Qwen's and Dots1's configs carry a window no layer uses
     k = key(Keys.Attention.SLIDING_WINDOW)
     gv = gguf_value(reader, k)
-    if window and arch != "phi3" and (gv is None or int(gv) != int(window)):  # absent: whole context; phi3 below
-        disagree(k, gv if gv is not None else "none", gv is None, "sliding_window", window)
+    used_w = gv if gv is not None else _DEFAULT_WINDOW.get(arch)  # absent: whole context, but gemma2's 4096
+    if window and arch != "phi3" and (used_w is None or int(used_w) != int(window)):  # phi3: _family_checks
+        disagree(k, used_w if used_w is not None else "none", gv is None, "sliding_window", window)
     if arch == "deepseek2" and config.get("rope_interleave") is False:
         disagree("deepseek2 rope", "interleaved pairs (llama.cpp's rope type NORM)", False, "rope_interleave", False)
     k = key(Keys.Rope.DIMENSION_COUNT)
