@@ -110,6 +110,15 @@ def _has_layer(model_dir: Path, i: int) -> bool:
     return any(k.startswith(f"model.layers.{i}.") for k in folder_shapes(model_dir))
 
 
+# GGUF candidates these families have (gguf_names.py), whose converter rewrites the mix's plan does not mirror yet
+_NOT_EMULATED = {
+    "Phi3ForCausalLM": "its fused attn_qkv and ffn_up are quantized as stored",
+    "Gemma2ForCausalLM": "the converter stores norms + 1",
+    "Gemma3ForCausalLM": "the converter stores norms + 1",
+    "Llama4ForCausalLM": "the converter transposes and splits the experts",
+}
+
+
 def mix_model(arch: str, config: dict, nextn: int = 0) -> MixModel:
     """What llama-quantize reads from the GGUF's metadata, as the converter writes it from ``config`` (``block_count``
     counts GLM-4.5's ``nextn`` MTP blocks even when the checkpoint has none to write)."""
@@ -146,6 +155,9 @@ class MixSpec:
         if arch is None:
             raise FidevalError(f"gguf mix: llama.cpp's converter writes no architecture fideval reads for {hf_arch!r}",
                                hint=f"supported: {', '.join(sorted(h for v in gguf_names.GGUF_ARCHS.values() for h in v))}")
+        if hf_arch in _NOT_EMULATED:
+            raise FidevalError(f"gguf mix: the emulation of llama.cpp's {hf_arch} layout is not built "
+                               f"({_NOT_EMULATED[hf_arch]})", hint="score llama-quantize's own file as a checkpoint: candidate")
         nextn = int(self.config.get("num_nextn_predict_layers") or 0) if arch == "glm4moe" else 0
         if nextn and _has_layer(model_dir, int(self.config["num_hidden_layers"])):
             raise FidevalError("gguf mix: the converter writes GLM's MTP blocks, which the reference model does not load "
