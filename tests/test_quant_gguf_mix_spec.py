@@ -164,3 +164,8 @@ def test_glm_mtp_weights_in_the_checkpoint_are_refused(tmp_path):
     save_file(sd, ref / "model.safetensors")
     with pytest.raises(FidevalError, match="GLM's MTP blocks"):
         MixSpec("Q4_K_M", ref)
+
+
+def test_a_folder_without_config_is_one_line(tmp_path):
+    with pytest.raises(FidevalError, match="has no config.json"):
+        MixSpec("Q4_K_M", tmp_path)

@@ -149,6 +149,9 @@ class MixSpec:
             raise FidevalError(f"unknown gguf mix {mix!r}", hint=f"use one of {', '.join(MIXES)}")
         self.mix, self.imatrix, self.act_scale, self.act_block = key, imatrix, act_scale, act_block
         model_dir = Path(model_dir)
+        if not (model_dir / "config.json").is_file():
+            raise FidevalError(f"gguf mix: {model_dir} has no config.json",
+                               hint="give the reference model's folder (config.json + *.safetensors)")
         self.config = json.loads((model_dir / "config.json").read_text())
         hf_arch = (self.config.get("architectures") or [None])[0]
         arch = next((a for a, hf in gguf_names.GGUF_ARCHS.items() if hf_arch in hf), None)
