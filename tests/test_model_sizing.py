@@ -65,6 +65,27 @@ def test_overrides_and_few_sequences():
     assert eager.scores == 128 * 2048 * (2 * 2 + 4)
 
 
+def test_materialised_scores_are_sized_per_rank():
+    """The reference code's attention holds [heads, L, L] scores (compute dtype, float32 softmax, cast back): at
+    8,192 tokens on an H200 one DeepSeek-V3 sequence's scores (68.7 GB) leave room for a smaller chunk, and the
+    run still fits; at model parallel 4 a rank holds a quarter of the heads (the vendor's code; transformers'
+    attention is replicated); on 100 GiB it is a one-line refusal."""
+    free, L = 139 * GiB, 8192
+    fused = sizing.choose("cuda", torch.bfloat16, DSV3, L, free_bytes=free, micro_batch=1, mlp_tokens=None)
+    math = sizing.choose("cuda", torch.bfloat16, DSV3, L, free_bytes=free, micro_batch=1, mlp_tokens=None,
+                         math_attention=True)
+    fp = sizing.footprint(DSV3, torch.bfloat16, L, math_attention=True)
+    assert fp.scores == 128 * L * (2 * 2 + 4) and math.plan["math_attention"] is True
+    assert L * fp.scores > 68e9 and math.chunk_bytes < fused.chunk_bytes and math.chunk_bytes >= L * 7168 * 2
+    need = 2 * fp.unit_bytes + sizing.RESERVE_BYTES + sizing.RESERVE_FRACTION * free + L * (fp.attention + fp.scores)
+    assert need + math.chunk_bytes <= free
+    assert sizing.footprint(DSV3, torch.bfloat16, L, world=4, math_attention=True, split_heads=True).scores == 32 * L * 8
+    assert sizing.footprint(DSV3, torch.bfloat16, L, world=4, math_attention=True).scores == fp.scores  # replicated
+    with pytest.raises(FidevalError, match="one sequence of 8192 tokens"):
+        sizing.choose("cuda", torch.bfloat16, DSV3, L, free_bytes=100 * GiB, micro_batch=1, mlp_tokens=None,
+                      math_attention=True)
+
+
 @pytest.mark.parametrize(("text", "want"), [("auto", "auto"), ("AUTO", "auto"), ("off", None), (None, None), ("65536", 65536), (7, 7)])
 def test_parse(text, want):
     assert sizing.parse(text, "--mlp-tokens") == want

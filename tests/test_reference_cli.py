@@ -129,7 +129,11 @@ def test_reference_without_trust_is_a_one_line_refusal(taught):
     assert not (taught["tmp"] / "never2").exists()
 
 
-def test_teacher_options_select_the_reference_code_without_a_config(taught, tmp_path):
+def test_teacher_options_select_the_reference_code_without_a_config(taught, tmp_path, monkeypatch):
+    from fideval.model import sizing
+
+    asked, choose = [], sizing.choose
+    monkeypatch.setattr(sizing, "choose", lambda *a, **kw: asked.append(kw) or choose(*a, **kw))
     w = taught["tmp"] / "w" / "cuts-8" / "tokens.safetensors"
     res = run_fideval("teacher", "--model", taught["model"], "--windows", w, "--lengths", "cuts", "--device", "cpu",
                       "--micro-batch", "2", "--implementation", "reference", "--out", tmp_path / "never")
@@ -140,3 +144,4 @@ def test_teacher_options_select_the_reference_code_without_a_config(taught, tmp_
     a, b = StoreReader(tmp_path / "s"), StoreReader(taught["tmp"] / "teacher")
     assert json.loads(a.meta["teacher"])["implementation"] == "reference"
     assert all(np.array_equal(a.read(s)[0], b.read(s)[0]) for s in b.seq_ids)
+    assert [(kw["math_attention"], kw["split_heads"]) for kw in asked] == [(True, True)]  # the vendor's attention

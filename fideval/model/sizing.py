@@ -15,8 +15,9 @@ sequence length ``L``, hidden size ``H`` (docs/runner.md, "Run settings and acco
 * activations ``A = F - W - R``, shared by the chunk's hidden states and the largest phase of a layer;
 * per token: attention ``b (2 (q + k + v) + v + 4 H)`` (q, k, v widths of all heads: projections and their
   rotated / transposed copies, the attention output, the residual stream), plus ``heads L (2 b + 4)`` when the
-  scores are materialised (eager attention: gpt-oss; sdpa is assumed to take a fused kernel -- cuDNN, flash or
-  memory-efficient -- which holds no L x L scores); a MoE block
+  scores are materialised (eager attention: gpt-oss; the vendor's reference code, whose scores are summed in the
+  compute dtype, softmaxed in float32 and cast back, a rank's share of the heads under model parallel; sdpa is
+  assumed to take a fused kernel -- cuDNN, flash or memory-efficient -- which holds no L x L scores); a MoE block
   ``b k (2 H + 3 I) + 3 b I_shared + 12 E + 6 b H`` (each of the top-k copies of the token: gathered input,
   gate/up and gated product, expert output; the shared experts; router logits, scores and choice in float32;
   the block's input, norm, output, residual and copies); a dense block ``b (3 I + 6 H)``; the head
@@ -105,14 +106,18 @@ def parse(text: Any, name: str, *, off: bool = True) -> int | str | None:
     return n
 
 
-def footprint(cfg: Any, dtype: torch.dtype, seq_len: int, world: int = 1, math_attention: bool = False) -> Footprint:
-    """The documented per-token estimates (module docstring) for ``cfg`` (a transformers config or config dict)."""
+def footprint(cfg: Any, dtype: torch.dtype, seq_len: int, world: int = 1, math_attention: bool = False,
+              split_heads: bool = False) -> Footprint:
+    """The documented per-token estimates (module docstring) for ``cfg`` (a transformers config or config dict);
+    ``split_heads``: a rank computes 1/world of the attention heads (the vendor's code; fideval.model.parallel
+    replicates transformers' attention)."""
     d = dims(cfg)
     b = torch.empty((), dtype=dtype).element_size()
     H, V = d.hidden, d.vocab
     heads = d.q_dim // max(1, _head_dim(cfg, d))
     attention = b * (2 * (d.q_dim + d.k_dim + d.v_dim) + d.v_dim + 4 * H)
-    scores = heads * seq_len * (2 * b + 4) if math_attention else 0
+    rank_heads = -(-heads // world) if split_heads and world > 1 else heads
+    scores = rank_heads * seq_len * (2 * b + 4) if math_attention else 0
     shared_i, dense_i = d.shared // (3 * H), d.dense // (3 * H)  # intermediate sizes
     moe = (b * d.top_k * (2 * H + 3 * d.moe_intermediate) + 3 * b * shared_i + 12 * d.experts + 6 * b * H
            if any(d.moe_layers) else 0)
@@ -133,8 +138,8 @@ def _head_dim(cfg: Any, d) -> int:
 
 def choose(device: torch.device | str, dtype: torch.dtype, cfg: Any, seq_len: int, *, n_sequences: int | None = None,
            world: int = 1, micro_batch: int | str = AUTO, mlp_tokens: int | str | None = AUTO,
-           chunk_bytes: int | str | None = AUTO, free_bytes: int | None = None, math_attention: bool | None = None
-           ) -> Settings:
+           chunk_bytes: int | str | None = AUTO, free_bytes: int | None = None, math_attention: bool | None = None,
+           split_heads: bool = False) -> Settings:
     """The settings for one run on ``device`` (module docstring); explicit values are kept as given."""
     dev = torch.device(device)
     if dev.type != "cuda":  # CPU: today's defaults for whatever is auto
@@ -145,7 +150,7 @@ def choose(device: torch.device | str, dtype: torch.dtype, cfg: Any, seq_len: in
     if math_attention is None:
         impl = cfg.get("_attn_implementation") if isinstance(cfg, dict) else getattr(cfg, "_attn_implementation", None)
         math_attention = impl == "eager"
-    fp = footprint(cfg, dtype, L, world, math_attention)
+    fp = footprint(cfg, dtype, L, world, math_attention, split_heads)
     F = int(free_bytes if free_bytes is not None else torch.cuda.mem_get_info(dev)[0])
     W = 2 * fp.unit_bytes
     R = RESERVE_BYTES + RESERVE_FRACTION * F

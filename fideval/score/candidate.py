@@ -137,7 +137,9 @@ def run_options(files: Any, seqs: Any, settings: dict[str, Any], device: str,
         from transformers import AutoConfig
 
         config = AutoConfig.from_pretrained(str(files.folder))
+    reference = (backend or {}).get("implementation") == "reference"  # materialised scores, as the teacher sized
     st = sizing.choose(resolve_device(device), dtype, config, seqs.tokens.shape[1], n_sequences=len(seqs.ids),
+                       math_attention=True if reference else None, split_heads=reference,
                        **{k: settings[k] for k in sizing.RECORDED})
     return {"device": device, "dtype": dtype, "profile": True, **st.runner_options()}, config
 
