@@ -42,6 +42,7 @@ def _cell(args: tuple[str, int, int, int, int]) -> dict:
             "coverage": {k: tl.hits[k] / tl.reps for k in tl.hits},
             "below": {k: tl.below[k] / tl.reps for k in tl.below},
             "width": {k: tl.width(k) for k in tl.widths},  # median width / truth
+            "bounded": {k: tl.bounded[k] / tl.reps for k in tl.bounded},  # share with both bounds stated
             "seconds": time.perf_counter() - t0}
 
 
@@ -69,6 +70,15 @@ def tables(cells: list[dict]) -> str:
             for c in sorted((c for c in cells if c["shape"] == s.name), key=lambda c: c["windows"]):
                 out.append(f"| {s.name} | {c['windows']} | "
                            + " | ".join(f"{c['width'][m]:.3f}" for m in methods) + " |")
+        partial = [m for m in methods if any(c.get("bounded", {}).get(m, 1.0) < 1.0 for c in cells)]
+        if partial:
+            out.append("\nShare of replications with both bounds stated (the rest: upper bound null):\n")
+            out.append("| shape | windows | " + " | ".join(f"`{m}`" for m in partial) + " |")
+            out.append("|---|---|" + "---|" * len(partial))
+            for s in shapes:
+                for c in sorted((c for c in cells if c["shape"] == s.name), key=lambda c: c["windows"]):
+                    out.append(f"| {s.name} | {c['windows']} | "
+                               + " | ".join(f"{c['bounded'][m]:.3f}" for m in partial) + " |")
         out.append(f"\nVerdict (>= 64 windows, floor {FLOOR:.2f}):\n")
         out.append("| method | lowest coverage | at | misses below / above there | result |")
         out.append("|---|---|---|---|---|")

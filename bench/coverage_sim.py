@@ -28,7 +28,7 @@ from scipy.special import expit, ndtri
 from fideval.stats.bootstrap import bca_interval, ratio_means
 from fideval.stats.clusters import Clusters, resample_counts
 from fideval.stats.paired import paired_interval
-from fideval.stats.quantiles import bootstrap_quantiles
+from fideval.stats.quantiles import TAIL_WINDOWS, bootstrap_quantiles, tail_windows
 from fideval.stats.studentized import (
     _dg,
     _g,
@@ -77,12 +77,21 @@ TOP1_METHODS = (
     "cluster-bootstrap-t-logit-symmetric-expanded",
 )
 QUANTILES = (0.5, 0.9, 0.99, 0.999)  # the report's default KLD quantiles
+TAIL_RULES = (20, 25, 30, 40)  # upper bound withheld (null) below this many tail windows; fideval's: TAIL_WINDOWS
 _QNAME = {0.5: "median", 0.9: "p90", 0.99: "p99", 0.999: "p99.9"}
+
+
+def _tail_rule(q: float, rule: int) -> str:
+    """The expanded percentile interval, its upper bound null below ``rule`` tail windows (the report's default at
+    rule = fideval.stats.quantiles.TAIL_WINDOWS)."""
+    return f"{_QNAME[q]}: expanded, upper null below {rule} tail windows" + (" (default)" if rule == TAIL_WINDOWS else "")
+
+
 QUANTILE_METHODS = tuple(f"{_QNAME[q]}: cluster-percentile" for q in QUANTILES) + tuple(
     f"{_QNAME[q]}: cluster-percentile-expanded" for q in QUANTILES) + (  # at the expanded level, as for means
     "median: iid-order-statistic",  # binomial ranks of the pooled rows: tokens as independent
     "p99: iid-order-statistic",
-)
+) + tuple(_tail_rule(q, t) for t in TAIL_RULES for q in QUANTILES)
 
 
 @dataclass(frozen=True)
@@ -212,16 +221,22 @@ class Tally:
     hits: dict[str, int] = field(default_factory=dict)
     below: dict[str, int] = field(default_factory=dict)  # truth below the interval
     widths: dict[str, list[float]] = field(default_factory=dict)  # width / truth, per replication
+    bounded: dict[str, int] = field(default_factory=dict)  # replications with both bounds stated
     reps: int = 0
 
     def add(self, name: str, ci, t: float) -> None:
-        lo, hi = ci
+        lo, hi = ci  # None: unbounded on that side
+        lo = -math.inf if lo is None else lo
+        hi = math.inf if hi is None else hi
         self.hits[name] = self.hits.get(name, 0) + int(lo <= t <= hi)
         self.below[name] = self.below.get(name, 0) + int(t < lo)
+        self.bounded[name] = self.bounded.get(name, 0) + int(math.isfinite(lo) and math.isfinite(hi))
         self.widths.setdefault(name, []).append((hi - lo) / abs(t))
 
     def width(self, name: str, q: float = 0.5) -> float:
-        return float(np.quantile(self.widths[name], q))
+        with np.errstate(invalid="ignore"):  # inf - inf between two unbounded widths: the width is inf
+            w = float(np.quantile(self.widths[name], q))
+        return math.inf if math.isnan(w) else w
 
     def coverage(self, name: str) -> float:
         return self.hits[name] / self.reps
@@ -292,11 +307,17 @@ def replicate(shape: Shape, g: int, reps: int, resamples: int, seed: int, confid
             x = out[3]
             codes = np.repeat(np.arange(g), n.astype(np.int64))
             boot = bootstrap_quantiles(x, codes, counts, list(QUANTILES))  # what quantile_figures computes
+            est = np.quantile(x, QUANTILES, method="linear")
             for i, q in enumerate(QUANTILES):
                 for suffix, level in (("", confidence), ("-expanded", conf_x)):
                     a = (1 - level) / 2
                     tally.add(f"{_QNAME[q]}: cluster-percentile{suffix}", np.quantile(boot[:, i], [a, 1 - a]),
                               float(tqs[i]))
+                lo, hi = np.quantile(boot[:, i], [(1 - conf_x) / 2, (1 + conf_x) / 2])
+                tw = tail_windows(x, codes, float(est[i]))  # what quantile_figures records
+                for rule in TAIL_RULES:
+                    tally.add(_tail_rule(q, rule),
+                              (lo, None if tw < rule else hi), float(tqs[i]))
             xs = np.sort(x)
             for q in (0.5, 0.99):
                 m = xs.size

@@ -77,7 +77,9 @@ def test_card_parses_with_modelcard_and_matches_report(report_dir, tmp_path):
             "units": "nats/token", "higher_is_better": False, "direction": "reference_to_candidate",
             "estimator": "full_vocabulary_fp64"}
         assert top1.metric_args["higher_is_better"] is True and top1.metric_args["direction"] == "reference_to_candidate"
-        assert got[("kl_divergence", "p99.9")].metric_value == r["overall"]["kld_quantiles"][3]["estimate"]
+        p999, q = got[("kl_divergence", "p99.9")], r["overall"]["kld_quantiles"][3]
+        assert p999.metric_value == q["estimate"] and p999.metric_args["ci_low"] == q["ci"][0]
+        assert "few_tail_windows" in q["flags"] and p999.metric_args.get("ci_high") is None  # 10 windows: no upper bound
         assert top1.metric_value == r["overall"]["top1"]["estimate"]
         shown = r["overall"]["top1"] if "ci" in r["overall"]["top1"] else r["overall"]["top1"]["wilson"]
         assert top1.metric_args["ci_high"] == shown["ci"][1]  # the interval the card prints

@@ -4,7 +4,7 @@ import numpy as np
 import pytest
 
 from fideval.stats.clusters import resample_counts
-from fideval.stats.quantiles import bootstrap_quantiles, quantile_figures, quantiles
+from fideval.stats.quantiles import TAIL_WINDOWS, bootstrap_quantiles, quantile_figures, quantiles
 
 QS = [0.5, 0.9, 0.99, 0.999]
 
@@ -43,7 +43,7 @@ def test_bootstrap_quantiles_equal_pooled_resamples(grid, chunk, monkeypatch):
 
 def test_quantile_figures_interval_contains_estimate():
     vals, codes = _data(g=40, rows=200, seed=2)
-    figs = quantile_figures(vals, codes, resample_counts(40, 2000, 0), QS)
+    figs = quantile_figures(vals, codes, resample_counts(40, 2000, 0), QS, min_tail_windows=0)
     for f, q in zip(figs, QS):
         assert f["ci"][0] <= f["estimate"] <= f["ci"][1]
         assert f["q"] == q and f["clusters"] == 40 and f["rows"] == vals.size
@@ -56,7 +56,7 @@ def test_quantile_interval_is_the_percentile_at_the_expanded_level():
 
     vals, codes = _data(g=40, rows=200, seed=4)
     counts = resample_counts(40, 400, 1)
-    figs = quantile_figures(vals, codes, counts, QS, 0.95, strata=2)
+    figs = quantile_figures(vals, codes, counts, QS, 0.95, strata=2, min_tail_windows=0)
     level = 1 - 2 * stats.norm.cdf(np.sqrt(40 / 38) * stats.t.ppf(0.025, 38))
     assert level > 0.95
     pooled = np.array([np.quantile(np.repeat(vals, counts[b][codes].astype(int)), QS) for b in range(400)])
@@ -77,3 +77,18 @@ def test_tail_windows_counts_the_windows_beyond_the_quantile():
     shares = np.bincount(above) / above.size
     assert figs[0]["tail_windows"] == pytest.approx(1 / np.sum(shares[shares > 0] ** 2))
     assert figs[1]["tail_windows"] == 1.0 and "few_tail_windows" in figs[1]["flags"]
+
+
+def test_few_tail_windows_keeps_the_lower_bound_and_states_no_upper_bound():
+    """Below TAIL_WINDOWS (25) effective tail windows the upper bound is null (unbounded) and the lower bound is the same
+    percentile the two-sided interval would have; at or above it both bounds are stated."""
+    vals, codes = _data(g=40, rows=200, seed=4)
+    counts = resample_counts(40, 400, 1)
+    both = quantile_figures(vals, codes, counts, QS, min_tail_windows=0)
+    figs = quantile_figures(vals, codes, counts, QS)
+    flagged = [f["tail_windows"] < TAIL_WINDOWS for f in figs]
+    assert flagged[-1] and not flagged[0]  # p99.9 of ~6,000 rows: ~6 rows above it, from at most as many windows
+    for f, b, few in zip(figs, both, flagged):
+        assert f["ci"][0] == b["ci"][0] and f["estimate"] == b["estimate"]
+        assert f["ci"][1] == (None if few else b["ci"][1])
+        assert ("few_tail_windows" in f["flags"]) == few

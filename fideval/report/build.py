@@ -57,7 +57,8 @@ def _settings(rc: ReportConfig) -> dict[str, Any]:
             "cluster-percentile": "percentile interval over window resamples",
             "cluster-percentile-expanded": "percentile interval over window resamples at the expanded level (the "
             "quantiles' default: `level` in each block; `tail_windows` and `few_tail_windows` say when the rows "
-            "beyond a quantile come from too few windows for any window resample to cover it)",
+            "beyond a quantile come from too few windows for any window resample to cover it, and the upper bound "
+            "is then null)",
             "wilson": "Wilson score interval, tokens as independent trials",
             "wilson-design-effect": "Wilson at n_eff = rows / Deff, Deff = cluster (ratio-estimator) variance / binomial variance",
             **intervals.METHODS,

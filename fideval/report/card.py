@@ -17,6 +17,7 @@ from typing import Any
 from fideval.errors import FidevalError
 from fideval.report import card_meta
 from fideval.report.card_intervals import beside_context
+from fideval.stats.quantiles import TAIL_WINDOWS
 
 TOOL_URL = "https://github.com/fideval/fideval"
 HEADLINE_QUANTILES = (0.5, 0.9, 0.99, 0.999)
@@ -152,6 +153,7 @@ def card_context(
         "resamples": st["resamples"],
         "seed": st["seed"],
         "quantile_method": st["quantile_method"],
+        "tail_min": f"{TAIL_WINDOWS:g}",
         "tail_flagged": sorted({q["q"] for r in rows for q in r["overall"]["kld_quantiles"]
                                 if "few_tail_windows" in q.get("flags", [])}),
         "headline": headline,
