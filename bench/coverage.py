@@ -29,7 +29,15 @@ from concurrent.futures import ProcessPoolExecutor  # noqa: E402
 from pathlib import Path  # noqa: E402
 
 sys.path[:0] = [str(Path(__file__).resolve().parent), str(Path(__file__).resolve().parent.parent)]
-from coverage_sim import MEAN_METHODS, PAIRED_METHODS, QUANTILE_METHODS, SHAPES, TOP1_METHODS, replicate  # noqa: E402
+from coverage_sim import (  # noqa: E402
+    DELTA_METHODS,
+    MEAN_METHODS,
+    PAIRED_METHODS,
+    QUANTILE_METHODS,
+    SHAPES,
+    TOP1_METHODS,
+    replicate,
+)
 
 FLOOR = 0.93
 
@@ -48,9 +56,11 @@ def _cell(args: tuple[str, int, int, int, int]) -> dict:
 
 def tables(cells: list[dict]) -> str:
     out = []
-    titles = {"mean": "Mean KLD", "top1": "Top-1 agreement", "paired": "Paired build comparisons",
+    titles = {"mean": "Mean KLD", "delta": "Mean delta NLL (signed rows)", "top1": "Top-1 agreement",
+              "paired": "Paired build comparisons",
               "quantile": "KLD quantiles (of the pooled rows; truth: the design's pooled distribution)"}
-    for kind, methods in (("mean", MEAN_METHODS), ("top1", TOP1_METHODS), ("paired", PAIRED_METHODS),
+    for kind, methods in (("mean", MEAN_METHODS), ("delta", DELTA_METHODS), ("top1", TOP1_METHODS),
+                          ("paired", PAIRED_METHODS),
                           ("quantile", QUANTILE_METHODS)):
         shapes = [s for s in SHAPES.values() if s.kind == kind and any(c["shape"] == s.name for c in cells)]
         if not shapes:

@@ -65,6 +65,15 @@ PAIRED_METHODS = (
     "difference: cluster-bootstrap-t-symmetric-expanded",
     "difference: mover-cluster-bootstrap-t-log-symmetric-expanded",  # the default of a difference
 )
+DELTA_METHODS = (  # a signed mean (delta NLL): the identity scale
+    "cluster-bca",
+    "t-linearized",
+    "cluster-bootstrap-t",
+    "cluster-bootstrap-t-expanded",
+    "cluster-bootstrap-t-symmetric",
+    "cluster-bootstrap-t-symmetric-expanded",  # the default of delta NLL
+    "iid-token",
+)
 TOP1_METHODS = (
     "wilson",  # iid Wilson, n = rows
     "wilson-design-effect",
@@ -107,6 +116,8 @@ class Shape:
     base: float = 0.02
     effect: float = 1.0  # paired: build 1's mean KLD over build 2's
     effect_sigma: float = 0.0  # paired: per-window log spread of that effect (mean one)
+    rows_min: int | None = None  # rows per window drawn from rows_min..rows (default rows // 2..rows)
+    delta: float = 0.0  # delta: each row is mu_w (L1 - delta L2), L1, L2 iid mean-one rows (signed, like delta NLL)
     note: str = ""
 
 
@@ -138,6 +149,14 @@ SHAPES = {
         Shape("top1-0.95-low", "top1", 0.5, domain_levels=(0.95,) * 6, note="p 0.95, logit spread 0.5"),
         Shape("top1-0.95-high", "top1", 1.0, domain_levels=(0.95,) * 6, note="p 0.95, logit spread 1.0"),
         Shape("top1-0.99-high", "top1", 1.0, domain_levels=(0.99,) * 6, note="p 0.99, logit spread 1.0"),
+        Shape("top1-bucket", "top1", 1.0, domain_levels=(0.6,) * 6, rows=40, rows_min=0,
+              note="a confidence bucket's rows: p 0.6, logit spread 1.0, 0-40 rows a window (some windows none)"),
+        Shape("top1-bucket-high", "top1", 1.0, domain_levels=(0.97,) * 6, rows=40, rows_min=0,
+              note="the confident bucket: p 0.97, logit spread 1.0, 0-40 rows a window"),
+        Shape("delta-heavy-high", "delta", 1.0, "lognormal", 1.5, delta=0.8,
+              note="signed rows mu_w (L1 - 0.8 L2), L1, L2 LogNormal(s=1.5), sigma_b 1.0 (delta NLL: mean 0.2 mu_w)"),
+        Shape("delta-heavy-unequal", "delta", 0.6, "lognormal", 1.5, (1, 1, 2, 3, 4, 5), (0.3, 0.5, 1, 1, 2, 4),
+              delta=0.8, note="delta-heavy-high's rows, sigma_b 0.6, heavy-unequal's domains"),
         Shape("top1-unequal", "top1", 1.0, domain_weights=(1, 1, 2, 3, 4, 5),
               domain_levels=(0.8, 0.9, 0.95, 0.97, 0.99, 0.995),
               note="p 0.8-0.995 by domain, logit spread 1.0, domains of 1:1:2:3:4:5 windows"),
@@ -159,8 +178,8 @@ def allocate(g: int, weights: tuple[float, ...]) -> np.ndarray:
 
 def truth(shape: Shape, sizes: np.ndarray) -> float:
     lv = np.asarray(shape.domain_levels, dtype=np.float64)
-    if shape.kind in ("mean", "paired", "quantile"):
-        return float(np.sum(sizes * lv * shape.base) / sizes.sum())  # build 2's (paired); the mean (quantile)
+    if shape.kind in ("mean", "paired", "quantile", "delta"):
+        return float(np.sum(sizes * lv * shape.base) / sizes.sum()) * (1.0 - shape.delta)  # build 2's (paired); the mean (quantile)
     x, w = np.polynomial.hermite_e.hermegauss(80)
     e = np.array([np.sum(w * expit(math.log(p / (1 - p)) + shape.sigma_b * x)) / np.sum(w) for p in lv])
     return float(np.sum(sizes * e) / sizes.sum())
@@ -196,7 +215,7 @@ def draw(shape: Shape, sizes: np.ndarray, rng: np.random.Generator) -> tuple[np.
     """Per-window (S or y, N, domain code) of one replication, and for means the rows (the iid interval's)."""
     dom = np.repeat(np.arange(sizes.size), sizes)
     g = dom.size
-    n = rng.integers(shape.rows // 2, shape.rows + 1, g)
+    n = rng.integers(shape.rows // 2 if shape.rows_min is None else shape.rows_min, shape.rows + 1, g)
     lv = np.asarray(shape.domain_levels, dtype=np.float64)[dom]
     if shape.kind == "top1":
         p = expit(np.log(lv / (1 - lv)) + shape.sigma_b * rng.standard_normal(g))
@@ -207,6 +226,8 @@ def draw(shape: Shape, sizes: np.ndarray, rng: np.random.Generator) -> tuple[np.
         x = rng.gamma(shape.token_param, 1.0 / shape.token_param, codes.size)
     else:
         x = rng.lognormal(-shape.token_param**2 / 2, shape.token_param, codes.size)
+    if shape.kind == "delta":
+        x = x - shape.delta * rng.lognormal(-shape.token_param**2 / 2, shape.token_param, codes.size)
     x *= mu[codes]
     s = np.bincount(codes, weights=x, minlength=g)
     if shape.kind == "paired":  # build 1: the same rows times a per-window effect and a per-row wobble
@@ -324,6 +345,17 @@ def replicate(shape: Shape, g: int, reps: int, resamples: int, seed: int, confid
                 half = zq * math.sqrt(m * q * (1 - q))
                 lo, hi = int(max(math.floor(m * q - half), 0)), int(min(math.ceil(m * q + half), m - 1))
                 tally.add(f"{_QNAME[q]}: iid-order-statistic", (xs[lo], xs[hi]), float(tqs[QUANTILES.index(q)]))
+        elif shape.kind == "delta":
+            x = out[3]
+            tally.add("cluster-bca", _bca(s, n, counts, confidence), t)
+            tally.add("t-linearized", (theta - tq * se, theta + tq * se), t)
+            bt = cluster_t_means(s, n, counts, dom, "identity", confidence)
+            tally.add("cluster-bootstrap-t", bt[0]["ci"], t)
+            for suffix, ci in _t_variants(s, n, counts, dom, "identity", confidence, h).items():
+                if suffix:
+                    tally.add("cluster-bootstrap-t" + suffix, ci, t)
+            half = zq * x.std(ddof=1) / math.sqrt(x.size)
+            tally.add("iid-token", (x.mean() - half, x.mean() + half), t)
         elif shape.kind == "mean":
             x = out[3]
             tally.add("cluster-bca", _bca(s, n, counts, confidence), t)

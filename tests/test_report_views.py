@@ -112,3 +112,45 @@ def test_paired_comparisons_on_the_reports_resamples(setup):
     assert diff["method"] == "mover-cluster-bootstrap-t-log-symmetric-expanded" and -1 < diff["rho"] <= 1
     for c in (diff, ratio, pr):
         assert "cluster-bootstrap-t" in c["method"] and (c["resamples"], c["seed"], c["strata"]) == (600, 5, 3)
+
+
+def test_confidence_buckets_are_cluster_intervals_with_wilson_beside(setup):
+    """Top-1 by reference confidence: the default is the cluster bootstrap-t of logit(agreement) on the bucket's
+    per-window sums and the report's window draws (the iid Wilson interval covers 0.2-0.7 on bucket-like data,
+    docs/formats-report.md); Wilson stays beside it, equal to scipy's."""
+    from scipy import stats
+
+    from fideval.report.figures import CONFIDENCE_EDGES
+    from fideval.stats.studentized import cluster_t_means, method_name
+
+    rep, frames, windows = setup
+    df = frames["q4-serving"]
+    cl = Clusters.from_pairs(dict(windows))
+    counts = resample_counts(cl, 600, 5)
+    strata = np.unique(np.asarray(cl.strata), return_inverse=True)[1]
+    buckets = _result(rep, "q4", "serving")["confidence_buckets"]
+    assert [b["p1_low"] for b in buckets] == list(CONFIDENCE_EDGES[:-1]) and sum(b["rows"] for b in buckets) == df.height
+    checked = 0
+    for i, b in enumerate(buckets):
+        hi = pl.col("p1_ref") <= b["p1_high"] if i == len(buckets) - 1 else pl.col("p1_ref") < b["p1_high"]
+        sub = df.filter((pl.col("p1_ref") >= b["p1_low"]) & hi)
+        assert b["rows"] == sub.height
+        if not sub.height:
+            assert b["top1"] is None
+            continue
+        k = int(sub["top1"].sum())
+        t = b["top1"]
+        assert t["estimate"] == pytest.approx(k / sub.height, rel=1e-12)
+        ci = stats.binomtest(k, sub.height).proportion_ci(method="wilson")
+        np.testing.assert_allclose(t["wilson"]["ci"], [ci.low, ci.high], atol=1e-12)
+        if t["method"] == "degenerate":  # all or none agree: no logit scale
+            continue
+        g = sub.group_by("window_id").agg(pl.col("top1").cast(pl.Float64).sum().alias("y"), pl.len().alias("n"))
+        d = dict(zip(g["window_id"], zip(g["y"], g["n"])))
+        y = np.array([d.get(w, (0.0, 0))[0] for w in cl.ids])
+        n = np.array([float(d.get(w, (0.0, 0))[1]) for w in cl.ids])
+        (want,) = cluster_t_means(y, n, counts, strata, "logit", 0.95, **VARIANT)
+        assert t["method"] == method_name("logit", **VARIANT) and t["clusters"] == int((n > 0).sum())
+        assert t["ci"] == pytest.approx(want["ci"], rel=1e-12)
+        checked += 1
+    assert checked >= 3

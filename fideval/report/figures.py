@@ -19,7 +19,6 @@ from fideval.report.inputs import RecordSet
 from fideval.stats.clusters import cluster_sums
 from fideval.stats.intervals import SCALES, agreement_block, mean_intervals
 from fideval.stats.quantiles import quantile_figures
-from fideval.stats.wilson import wilson_interval
 
 # reference top-1 probability buckets for "top-1 agreement by reference confidence"
 CONFIDENCE_EDGES = (0.0, 0.2, 0.4, 0.6, 0.8, 0.9, 0.95, 0.99, 1.0)
@@ -103,6 +102,11 @@ class SetFigures:
         pos = rs.cols["position"]
         pos_masks = [(a, b, (pos >= a) & (pos < b)) for a, b in zip(self.edges[:-1], self.edges[1:])]
         cols += [(f"pos{a}/mean_kld", m, "kld") for a, _, m in pos_masks]
+        p1 = rs.cols["p1_ref"]
+        last = len(CONFIDENCE_EDGES) - 2
+        conf_masks = [(a, b, (p1 >= a) & ((p1 <= b) if i == last else (p1 < b)))
+                      for i, (a, b) in enumerate(zip(CONFIDENCE_EDGES[:-1], CONFIDENCE_EDGES[1:]))]
+        cols += [(f"conf{a}/top1", m, "top1") for a, _, m in conf_masks if m.any()]
         s = np.empty((g, len(cols)))
         n = np.empty((g, len(cols)))
         for j, (_, m, v) in enumerate(cols):
@@ -150,33 +154,11 @@ class SetFigures:
                 }
             )
 
-        p1 = rs.cols["p1_ref"]
         conf = []
-        for i, (a, b) in enumerate(zip(CONFIDENCE_EDGES[:-1], CONFIDENCE_EDGES[1:])):
-            m = (p1 >= a) & ((p1 <= b) if i == len(CONFIDENCE_EDGES) - 2 else (p1 < b))
-            k, tot = int(rs.cols["top1"][m].sum()), int(m.sum())
-            entry: dict[str, Any] = {
-                "p1_low": a,
-                "p1_high": b,
-                "rows": tot,
-                "mean_p1_ref": None,
-                "top1": None,
-            }
-            if tot:
-                lo, hi = wilson_interval(k, tot, self.confidence)
-                entry["mean_p1_ref"] = float(p1[m].mean())
-                entry["top1"] = {
-                    "estimate": k / tot,
-                    "ci": [lo, hi],
-                    "method": "wilson",
-                    "unit": "token",
-                    "confidence": self.confidence,
-                    "resamples": None,
-                    "seed": None,
-                    "strata": None,
-                    "clusters": None,
-                }
-            conf.append(entry)
+        for a, b, m in conf_masks:
+            tot = int(m.sum())
+            conf.append({"p1_low": a, "p1_high": b, "rows": tot, "mean_p1_ref": float(p1[m].mean()) if tot else None,
+                         "top1": self._agreement("top1", m, bca[f"conf{a}/top1"]) if tot else None})
 
         return {
             "candidate": rs.candidate,

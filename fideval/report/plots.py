@@ -4,7 +4,7 @@ Per records set (candidate, path, length):
   ``kld-cdf-*.png``         empirical CDF of per-token KLD per domain on a log x axis — where the mean hides
                             a heavy tail, the CDF shows which domain carries it;
   ``kld-position-*.png``    mean KLD by position bucket with its default interval (cluster bootstrap-t);
-  ``top1-confidence-*.png`` top-1 agreement by reference top-1 probability bucket (Wilson intervals): a
+  ``top1-confidence-*.png`` top-1 agreement by reference top-1 probability bucket (default interval): a
                             good build loses agreement only where the reference itself is unsure.
 PNG metadata carries no software version or date (``metadata={"Software": None}``), so the same report
 gives byte-identical files.
@@ -90,13 +90,13 @@ def top1_confidence(f: SetFigures, path: Path) -> None:
     b = [c for c in f.result["confidence_buckets"] if c["top1"] is not None]
     labels = [f"{c['p1_low']:g}-{c['p1_high']:g}" for c in b]
     est = np.array([c["top1"]["estimate"] for c in b])
-    lo = np.array([c["top1"]["ci"][0] for c in b])
-    hi = np.array([c["top1"]["ci"][1] for c in b])
+    lo = np.array([np.nan if c["top1"]["ci"][0] is None else c["top1"]["ci"][0] for c in b], dtype=np.float64)
+    hi = np.array([np.nan if c["top1"]["ci"][1] is None else c["top1"]["ci"][1] for c in b], dtype=np.float64)
     x = np.arange(len(b))
     ax.errorbar(x, est, yerr=[est - lo, hi - est], fmt="o-", capsize=3, lw=1.3)
     ax.set_xticks(x, labels, fontsize=8)
     ax.set_xlabel("reference top-1 probability")
-    ax.set_ylabel("top-1 agreement (Wilson 95 %)")
+    ax.set_ylabel("top-1 agreement (cluster bootstrap-t 95 %)")
     ax.set_title(_title(f, "Top-1 agreement by reference confidence"), fontsize=10)
     ax.grid(True, alpha=0.3)
     fig.tight_layout()
