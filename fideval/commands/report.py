@@ -24,7 +24,8 @@ def report(
     seed: Annotated[int | None, typer.Option("--seed", help="resampling seed (default: config or 0)")] = None,
     plots: Annotated[bool, typer.Option("--plots/--no-plots", help="write the PNG plots")] = True,
 ) -> None:
-    """Statistics of per-token records: cluster BCa, Wilson, quantiles, breakdowns, checks -> report.json."""
+    """Statistics of per-token records: cluster bootstrap-t intervals (BCa, Wilson beside), quantiles, comparisons,
+    views, checks -> report.json."""
     from fideval.config import ReportConfig, load_config
     from fideval.report.build import build, write
     from fideval.report.inputs import load_teacher_manifest, load_windows
