@@ -11,28 +11,68 @@ from pathlib import Path
 
 from fideval.errors import FidevalError
 
+FP4_PACKED = "F4_E2M1"  # the logical dtype of an I8 tensor that packs two FP4 e2m1 values per byte
+
+
+def _packed_fp4(shape: tuple[int, ...], scale_shape: tuple[int, ...]) -> bool:
+    """An I8 ``X.weight`` whose E8M0 ``X.scale`` has one scale per 32 logical elements of each row, the row twice
+    as long as stored: FP4 e2m1 packed two per byte (DeepSeek-V4.1-Flash's routed experts)."""
+    return (len(shape) >= 2 and len(scale_shape) == len(shape) and tuple(scale_shape[:-1]) == tuple(shape[:-1])
+            and scale_shape[-1] * 32 == 2 * shape[-1])
+
+
+def release_layout(tensors: dict[str, tuple[tuple[int, ...], str]]) -> dict[str, tuple[str, str]]:
+    """``{weight name: (its scale tensor, kind)}`` for a release's quantized weights, from names, shapes and dtypes:
+    ``fp8`` an F8_E4M3 weight with a float32 ``X.weight_scale_inv`` (DeepSeek-V3's FP8 release) or an E8M0
+    ``X.scale`` (V4.1's); ``fp4x2`` an I8 weight packing FP4 e2m1 pairs with an E8M0 ``X.scale`` (V4.1's experts)."""
+    out = {}
+    for k, (shape, dtype) in tensors.items():
+        if dtype == "F8_E4M3" and k + "_scale_inv" in tensors:
+            out[k] = (k + "_scale_inv", "fp8")
+        elif k.endswith(".weight") and dtype in ("F8_E4M3", "I8"):
+            sc = k[: -len("weight")] + "scale"
+            if sc not in tensors or tensors[sc][1] != "F8_E8M0":
+                continue
+            if dtype == "F8_E4M3":
+                out[k] = (sc, "fp8")
+            elif _packed_fp4(tuple(shape), tuple(tensors[sc][0])):
+                out[k] = (sc, "fp4x2")
+    return out
+
 
 def weight_shapes(model_dir: Path) -> dict[str, tuple[tuple[int, ...], str]]:
-    """``{tensor name: (shape, dtype)}`` of the model's weights: the headers' tensors, less an FP8 release's
-    ``X.weight_scale_inv`` (part of its F8_E4M3 ``X.weight``, which the runner dequantizes before a spec sees it)."""
+    """``{tensor name: (shape, dtype)}`` of the model's weights: the headers' tensors, less a release's block
+    scales (part of their quantized weight, which the runner dequantizes before a spec sees it); an I8 tensor of
+    packed FP4 pairs is listed at its logical shape with dtype ``F4_E2M1``."""
     from fideval.formats.safetensors import folder_shapes
 
     tensors = folder_shapes(model_dir)
-    suffix = "_scale_inv"
-    return {k: v for k, v in tensors.items()
-            if not (k.endswith(suffix) and tensors.get(k[:-len(suffix)], ((), ""))[1] == "F8_E4M3")}
+    layout = release_layout(tensors)
+    scales = {sc for sc, _ in layout.values()}
+    out = {}
+    for k, (shape, dtype) in tensors.items():
+        if k in scales:
+            continue
+        if layout.get(k, ("", ""))[1] == "fp4x2":
+            shape, dtype = (*shape[:-1], 2 * shape[-1]), FP4_PACKED
+        out[k] = (tuple(shape), dtype)
+    return out
 
 
 def release_bits(model_dir: Path) -> dict[str, float]:
-    """Stored bits of each F8_E4M3 weight of an FP8 release, its float32 ``_scale_inv`` included (what a spec
-    that leaves the weight alone keeps); empty for an unquantized checkpoint."""
+    """Stored bits of each quantized weight of a release (:func:`release_layout`), its block scales included (what
+    a spec that leaves the weight alone keeps): 8 or 4 bits an element plus 32 (float32) or 8 (E8M0) a scale;
+    empty for an unquantized checkpoint."""
     import math
 
-    from fideval.formats.safetensors import folder_shapes
+    from fideval.formats.safetensors import DTYPE_BITS, folder_shapes
 
     tensors = folder_shapes(model_dir)
-    return {k: math.prod(shape) * 8 + math.prod(tensors[k + "_scale_inv"][0]) * 32
-            for k, (shape, dtype) in tensors.items() if dtype == "F8_E4M3" and k + "_scale_inv" in tensors}
+    bits = {}
+    for k, (sc, _kind) in release_layout(tensors).items():
+        (shape, _), (sshape, sdtype) = tensors[k], tensors[sc]
+        bits[k] = math.prod(shape) * 8 + math.prod(sshape) * DTYPE_BITS[sdtype]  # stored bytes: one or two values
+    return bits
 
 
 def class_shapes(model_dir: Path) -> dict[str | None, dict[str, tuple[int, ...]]]:
@@ -66,7 +106,7 @@ def inspect_model(model_dir: Path, spec_text: str) -> dict:
     for name, (shape, dtype) in sorted(tensors.items()):
         cls = module_class_of(name) or "other"
         shapes.setdefault(cls, {})[name] = shape
-        if cls != "other" and is_quantized_tensor(name, shape, dtype in FLOAT_DTYPES or dtype == "F8_E4M3"):
+        if cls != "other" and is_quantized_tensor(name, shape, dtype in FLOAT_DTYPES or dtype in ("F8_E4M3", FP4_PACKED)):
             present.add(cls)
             quantized.append((name, cls, shape))
         dtype_count[dtype] = dtype_count.get(dtype, 0) + 1
@@ -78,7 +118,7 @@ def inspect_model(model_dir: Path, spec_text: str) -> dict:
                 get_format(m.format).check_divides(shape, m.group)
             except FidevalError as e:
                 raise FidevalError(f"{name}: {e.message}", hint=e.hint) from None
-    plain = {d: c for d, c in dtype_count.items() if d != "F8_E4M3"} or dtype_count  # an FP8 release's fp8 weights
+    plain = {d: c for d, c in dtype_count.items() if d not in ("F8_E4M3", FP4_PACKED)} or dtype_count  # a release's
     base = max(plain, key=plain.get)  # count their stored bits, the rest its (bf16) dtype
     table = compiled.bits(shapes, base_bits=DTYPE_BITS.get(base, 16), stored=release_bits(model_dir))
     table["base_dtype"] = base
