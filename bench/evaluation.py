@@ -316,6 +316,18 @@ def run_compute(ckpt: Path, s: dict, L: int, tokens: int, device: str, candidate
     return out
 
 
+def run_compute_child(work: Path, L: int, tokens: int, role: str) -> dict:
+    """:func:`run_compute` in a fresh process (``--one``): a run starts with the GPU memory a verb would have."""
+    out = work / f"compute-{role}-{L}.json"
+    out.unlink(missing_ok=True)
+    res = subprocess.run([sys.executable, __file__, "--dir", str(work), "--tokens", str(tokens), "--one", f"{role}:{L}",
+                          "--result", str(out)], capture_output=True, text=True)
+    if res.returncode != 0 or not out.is_file():
+        lines = [ln for ln in res.stderr.strip().splitlines() if ln.strip()] or [f"exit status {res.returncode}"]
+        raise RuntimeError(lines[-1])
+    return json.loads(out.read_text())
+
+
 # -- disk and the extrapolation ------------------------------------------------------------------------------
 def disk_rates(work: Path, gb: int = 4) -> dict:
     """Sequential write and read of the results disk with O_DIRECT (dd), the page cache out of the way."""
@@ -415,7 +427,16 @@ def main() -> None:
     ap.add_argument("--lengths", default="2048,8192")
     ap.add_argument("--deadline", type=float, default=0.0, help="seconds after which no further compute run starts (0: none)")
     ap.add_argument("--result", default=None, help="also write the results as JSON here")
+    ap.add_argument("--one", default=None, metavar="ROLE:L", help=argparse.SUPPRESS)  # one compute run (a child process)
     a = ap.parse_args()
+    if a.one:  # each compute run in its own process on a GPU, as each verb is: no run inherits another's memory
+        role, L = a.one.split(":")
+        ckpt = Path(a.dir) / "ckpt"
+        s = dict(SMALL if a.small else V3)  # --small: the child path tried on a CPU
+        s["layers"] = json.loads((ckpt / "config.json").read_text())["num_hidden_layers"]
+        c = run_compute(ckpt, s, int(L), a.tokens, "cuda" if torch.cuda.is_available() else "cpu", role == "candidate")
+        Path(a.result).write_text(json.dumps(c, default=str))
+        return
     s = dict(SMALL if a.small else V3)
     device = "cuda" if torch.cuda.is_available() and not a.small else "cpu"
     if a.small:
@@ -470,7 +491,8 @@ def main() -> None:
                     rows.append((f"compute {role} L={L}", f"not run: past --deadline {a.deadline:.0f} s", ""))
                     continue
                 try:
-                    c = run_compute(ckpt, s, min(L, 256) if a.small else L, a.tokens, device, role == "candidate")
+                    c = (run_compute_child(work, L, a.tokens, role) if device == "cuda" else
+                         run_compute(ckpt, s, min(L, 256) if a.small else L, a.tokens, device, role == "candidate"))
                 except Exception as e:  # out of memory at one length still leaves the others
                     rows.append((f"compute {role} L={L}", f"FAILED: {type(e).__name__}: {str(e).splitlines()[0][:300]}", ""))
                     if device == "cuda":
