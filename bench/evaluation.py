@@ -425,6 +425,8 @@ def main() -> None:
     ap.add_argument("--verb-seqs", type=int, default=16, help="cuts of 2,048 the verbs run on (store: n x 2,047 x vocab x 4 B)")
     ap.add_argument("--tokens", type=int, default=1 << 20, help="tokens per layer of each compute run")
     ap.add_argument("--lengths", default="2048,8192")
+    ap.add_argument("--runs", default=None, help="only these compute runs, e.g. candidate-2048,teacher-8192 (default: "
+                                                 "teacher and candidate at every length)")
     ap.add_argument("--deadline", type=float, default=0.0, help="seconds after which no further compute run starts (0: none)")
     ap.add_argument("--result", default=None, help="also write the results as JSON here")
     ap.add_argument("--one", default=None, metavar="ROLE:L", help=argparse.SUPPRESS)  # one compute run (a child process)
@@ -487,6 +489,8 @@ def main() -> None:
     if a.part in ("all", "compute"):
         for L in [int(x) for x in a.lengths.split(",") if x]:
             for role in ("teacher", "candidate"):
+                if a.runs and f"{role}-{L}" not in a.runs.split(","):
+                    continue
                 if a.deadline and time.perf_counter() - t_all > a.deadline:
                     rows.append((f"compute {role} L={L}", f"not run: past --deadline {a.deadline:.0f} s", ""))
                     continue
