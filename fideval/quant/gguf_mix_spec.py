@@ -26,7 +26,7 @@ from __future__ import annotations
 import json
 import math
 import re
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -255,28 +255,27 @@ class MixSpec:
         plan: each quantized GGUF tensor at its type's storage (block scales included), the rest at ``base_bits``;
         ``types`` counts the GGUF tensors of each type in the class. ``shapes``/``stored`` are not needed (the plan
         holds every tensor) and accepted for the CompiledSpec interface."""
-        per_class: dict[str, Any] = {}
-        tot_n = tot_bits = 0.0
-        for hf, shape in self.shapes.items():
-            if self.tied and hf == "lm_head.weight":
-                continue
-            key = "embedding" if hf == EMBED else (module_class_of(hf) or "other")
-            row = per_class.setdefault(key, {"format": self.mix, "recipe": None, "group": None,
-                                             "tensors": 0, "params": 0, "bits": 0.0, "types": {}})
-            n = math.prod(shape)
-            parts = self.plan[hf][1] if hf in self.plan else []
-            quantized = [(name, ne, t) for name, ne, t in parts if allows_quantization(name, ne, self.arch)]
-            b = sum(storage_bits(t, math.prod(ne)) for _, ne, t in quantized) if quantized else n * base_bits
-            for _, _, t in quantized:
-                row["types"][t] = row["types"].get(t, 0) + 1
-            row["tensors"] += 1
-            row["params"] += n
-            row["bits"] += b
-            tot_n += n
-            tot_bits += b
-        for row in per_class.values():
-            row["bpw"] = row["bits"] / row["params"] if row["params"] else 0.0
+        from fideval.quant.spec import bits_table
+
+        types: dict[str, dict[str, int]] = {}
+
+        def entries() -> Iterator[tuple[str, dict[str, Any], int, float]]:
+            for hf, shape in self.shapes.items():
+                if self.tied and hf == "lm_head.weight":
+                    continue
+                key = "embedding" if hf == EMBED else (module_class_of(hf) or "other")
+                n = math.prod(shape)
+                parts = self.plan[hf][1] if hf in self.plan else []
+                quantized = [(name, ne, t) for name, ne, t in parts if allows_quantization(name, ne, self.arch)]
+                counts = types.setdefault(key, {})
+                for _, _, t in quantized:
+                    counts[t] = counts.get(t, 0) + 1
+                b = sum(storage_bits(t, math.prod(ne)) for _, ne, t in quantized) if quantized else n * base_bits
+                yield key, {"format": self.mix, "recipe": None, "group": None}, n, b
+
+        table = bits_table(entries())
+        for key, row in table["per_class"].items():
+            row["types"] = types[key]
             row["recipe"] = ", ".join(f"{t} x{c}" for t, c in sorted(row["types"].items())) or None
             row["format"] = row["format"] if row["types"] else None
-        return {"per_class": per_class, "total": {"params": int(tot_n), "bits": tot_bits,
-                                                  "bpw": tot_bits / tot_n if tot_n else 0.0}}
+        return table

@@ -171,32 +171,43 @@ class CompiledSpec:
         release's fp8 weights: 8 per element plus their block scales)."""
         from fideval.quant.base import get_format
 
-        per_class: dict[str, Any] = {}
-        tot_n = tot_bits = 0.0
-        for cls, shape_list in shapes.items():
-            key = cls if cls in MODULE_CLASSES else "other"
-            m = self.modules.get(key)
-            row = per_class.setdefault(key, {"format": m.format if m else None, "recipe": m.recipe if m else None,
-                                             "group": m.group if m else None, "tensors": 0, "params": 0, "bits": 0.0})
-            named = shape_list.items() if isinstance(shape_list, Mapping) else (("", s) for s in shape_list)
-            for name, shape in named:
-                shape = tuple(int(d) for d in shape)
-                n = math.prod(shape)
-                if m is not None and is_quantized_tensor(name, shape):
-                    b = get_format(m.format).storage_bits(shape, m.group, m.recipe)
-                elif stored is not None and name in stored:
-                    b = stored[name]
-                else:
-                    b = n * base_bits
-                row["tensors"] += 1
-                row["params"] += n
-                row["bits"] += b
-                tot_n += n
-                tot_bits += b
-        for row in per_class.values():
-            row["bpw"] = row["bits"] / row["params"] if row["params"] else 0.0
-        return {"per_class": per_class, "total": {"params": int(tot_n), "bits": tot_bits,
-                                                  "bpw": tot_bits / tot_n if tot_n else 0.0}}
+        def entries() -> Iterable[tuple[str, dict[str, Any], int, float]]:
+            for cls, shape_list in shapes.items():
+                key = cls if cls in MODULE_CLASSES else "other"
+                m = self.modules.get(key)
+                fields = {"format": m.format if m else None, "recipe": m.recipe if m else None,
+                          "group": m.group if m else None}
+                named = shape_list.items() if isinstance(shape_list, Mapping) else (("", s) for s in shape_list)
+                for name, shape in named:
+                    shape = tuple(int(d) for d in shape)
+                    n = math.prod(shape)
+                    if m is not None and is_quantized_tensor(name, shape):
+                        b = get_format(m.format).storage_bits(shape, m.group, m.recipe)
+                    elif stored is not None and name in stored:
+                        b = stored[name]
+                    else:
+                        b = n * base_bits
+                    yield key, fields, n, b
+
+        return bits_table(entries())
+
+
+def bits_table(entries: Iterable[tuple[str, dict[str, Any], int, float]]) -> dict[str, Any]:
+    """The bits table of ``(module class, the class's fields, parameters, stored bits)`` per tensor: per class its
+    fields (from its first tensor), tensors, params, bits and bits per weight, and the model's total."""
+    per_class: dict[str, Any] = {}
+    tot_n = tot_bits = 0.0
+    for key, fields, n, b in entries:
+        row = per_class.setdefault(key, {**fields, "tensors": 0, "params": 0, "bits": 0.0})
+        row["tensors"] += 1
+        row["params"] += n
+        row["bits"] += b
+        tot_n += n
+        tot_bits += b
+    for row in per_class.values():
+        row["bpw"] = row["bits"] / row["params"] if row["params"] else 0.0
+    return {"per_class": per_class, "total": {"params": int(tot_n), "bits": tot_bits,
+                                              "bpw": tot_bits / tot_n if tot_n else 0.0}}
 
 
 def compile_spec(spec: Any, **kw: Any) -> CompiledSpec:
