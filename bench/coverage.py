@@ -54,6 +54,16 @@ def _cell(args: tuple[str, int, int, int, int]) -> dict:
             "seconds": time.perf_counter() - t0}
 
 
+def _cell_table(title: str, shapes: list, cells: list[dict], methods: list[str], figure: str) -> list[str]:
+    """A markdown table of one figure (``width``, ``bounded``) per shape, windows and method."""
+    out = [f"\n{title}\n", "| shape | windows | " + " | ".join(f"`{m}`" for m in methods) + " |",
+           "|---|---|" + "---|" * len(methods)]
+    for s in shapes:
+        for c in sorted((c for c in cells if c["shape"] == s.name), key=lambda c: c["windows"]):
+            out.append(f"| {s.name} | {c['windows']} | " + " | ".join(f"{c[figure][m]:.3f}" for m in methods) + " |")
+    return out
+
+
 def tables(cells: list[dict]) -> str:
     out = []
     titles = {"mean": "Mean KLD", "delta": "Mean delta NLL (signed rows)", "top1": "Top-1 agreement",
@@ -73,22 +83,11 @@ def tables(cells: list[dict]) -> str:
                 cov = [c["coverage"][m] for m in methods]
                 out.append(f"| {s.name} | {c['windows']} | {c['replications']} | "
                            + " | ".join(f"**{v:.3f}**" if v < FLOOR else f"{v:.3f}" for v in cov) + " |")
-        out.append("\nMedian width / truth (same cells):\n")
-        out.append("| shape | windows | " + " | ".join(f"`{m}`" for m in methods) + " |")
-        out.append("|---|---|" + "---|" * len(methods))
-        for s in shapes:
-            for c in sorted((c for c in cells if c["shape"] == s.name), key=lambda c: c["windows"]):
-                out.append(f"| {s.name} | {c['windows']} | "
-                           + " | ".join(f"{c['width'][m]:.3f}" for m in methods) + " |")
+        out += _cell_table("Median width / truth (same cells):", shapes, cells, methods, "width")
         partial = [m for m in methods if any(c.get("bounded", {}).get(m, 1.0) < 1.0 for c in cells)]
         if partial:
-            out.append("\nShare of replications with both bounds stated (the rest: upper bound null):\n")
-            out.append("| shape | windows | " + " | ".join(f"`{m}`" for m in partial) + " |")
-            out.append("|---|---|" + "---|" * len(partial))
-            for s in shapes:
-                for c in sorted((c for c in cells if c["shape"] == s.name), key=lambda c: c["windows"]):
-                    out.append(f"| {s.name} | {c['windows']} | "
-                               + " | ".join(f"{c['bounded'][m]:.3f}" for m in partial) + " |")
+            out += _cell_table("Share of replications with both bounds stated (the rest: upper bound null):", shapes,
+                               cells, partial, "bounded")
         out.append(f"\nVerdict (>= 64 windows, floor {FLOOR:.2f}):\n")
         out.append("| method | lowest coverage | at | misses below / above there | result |")
         out.append("|---|---|---|---|---|")
