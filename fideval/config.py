@@ -155,6 +155,10 @@ class TeacherConfig(Strict):
         "auto", description="hidden-state bytes of the sequences that go through the layers together (each chunk reads "
         "every layer's weights once); null: the runner's 4 GiB; auto: null on a CPU, what the GPU holds beside the "
         "weights and the largest layer phase on CUDA. Recorded like micro_batch")
+    lm_head: Literal["auto", "float32", "bf16"] = Field(
+        "auto", description="the lm head's arithmetic: float32 (float32 GEMM, no TF32) or bf16 (the same bfloat16 "
+        "operands on the tensor cores, float32 sums and logits); auto: bf16 where its products are the float32 head's "
+        "(bfloat16 layers on a GPU, a bfloat16 head), else float32 (docs/runner.md). Recorded like micro_batch")
 
 
 class ModuleQuant(Strict):

@@ -39,14 +39,14 @@ def _yielded(monkeypatch):
     """The seq ids the model runner computes and hands to the scorer."""
     import fideval.model.runner as runner
 
-    seen, real = [], runner.iter_logits
+    seen, real = [], runner.Runner.iter_logits
 
-    def iter_logits(*a, **kw):
-        for sid, x in real(*a, **kw):
+    def iter_logits(self, *a, **kw):
+        for sid, x in real(self, *a, **kw):
             seen.append(sid)
             yield sid, x
 
-    monkeypatch.setattr(runner, "iter_logits", iter_logits)
+    monkeypatch.setattr(runner.Runner, "iter_logits", iter_logits)
     return seen
 
 

@@ -224,8 +224,8 @@ def test_config_conflicting_with_the_teacher_manifest_is_refused(taught, key, mi
 def test_config_leaving_the_keys_out_follows_the_manifest(taught, monkeypatch):
     import fideval.model.runner as runner
 
-    seen, real = [], runner.iter_logits
-    monkeypatch.setattr(runner, "iter_logits", lambda w, s, o, **kw: seen.append((o.micro_batch, o.dtype)) or real(w, s, o, **kw))
+    seen, real = [], runner.make_runner
+    monkeypatch.setattr(runner, "make_runner", lambda w, o, **kw: seen.append((o.micro_batch, o.dtype)) or real(w, o, **kw))
     res = _score_config(taught, "follows")
     assert res.code == 0, res.stderr
     assert seen == [(4, torch.float32)]  # the manifest's micro-batch, not the config's default of 1

@@ -71,14 +71,15 @@ def test_a_candidate_that_quantizes_nothing_reproduces_the_teacher_bit_for_bit(f
     the same bits, so every row's KLD is exactly 0; with the throughput mode off it would not be."""
     import fideval.model.runner as runner
 
-    seen, real = [], runner.iter_logits
-    monkeypatch.setattr(runner, "iter_logits", lambda w, s, o, **kw: seen.append(o) or real(w, s, o, **kw))
+    seen, real = [], runner.make_runner
+    monkeypatch.setattr(runner, "make_runner", lambda w, o, **kw: seen.append(o) or real(w, o, **kw))
     res = _score(fast, "same")
     assert res.code == 0, res.stderr
     (o,) = seen
-    assert (o.micro_batch, o.mlp_tokens, o.host_budget_bytes, o.profile) == (1, 16, None, True)
+    assert (o.micro_batch, o.mlp_tokens, o.host_budget_bytes, o.profile, o.head) == (1, 16, None, True, "float32")
     summary = json.loads((fast["tmp"] / "same" / "score.json").read_text())
-    assert summary["rows"] == 4 * 7 and summary["candidate_info"]["run_settings"]["mlp_tokens"] == 16
+    ran = summary["candidate_info"]["run_settings"]
+    assert summary["rows"] == 4 * 7 and ran["mlp_tokens"] == 16 and ran["lm_head"] == "float32"
     import pyarrow.parquet as pq
 
     kld = pq.read_table(fast["tmp"] / "same" / "records.parquet", columns=["kld"]).column("kld").to_numpy()
@@ -102,7 +103,8 @@ def test_the_same_model_without_the_teacher_s_block_differs(fast, tmp_path):
     assert any(not np.array_equal(plain[k].numpy(), stored[k]) for k in stored)
 
 
-@pytest.mark.parametrize(("key", "mine", "theirs"), [("mlp_tokens", 64, "16"), ("mlp_tokens", None, "16"), ("chunk_bytes", 4096, "None")])
+@pytest.mark.parametrize(("key", "mine", "theirs"), [("mlp_tokens", 64, "16"), ("mlp_tokens", None, "16"), ("chunk_bytes", 4096, "None"),
+                                                 ("lm_head", "bf16", "'float32'")])
 def test_a_config_asking_for_other_settings_is_refused(fast, key, mine, theirs):
     msg = _score(fast, f"conflict-{key}-{mine}", **{key: mine}).error()
     assert f"config teacher.{key} is {mine!r} but" in msg and f"was made with {key} {theirs}" in msg
@@ -121,8 +123,8 @@ def test_an_older_store_without_the_keys_means_no_throughput_mode(fast, tmp_path
         block.pop(k)
     man["meta"]["teacher"] = json.dumps(block, sort_keys=True)
     (old / "manifest.json").write_text(json.dumps(man))
-    seen, real = [], runner.iter_logits
-    monkeypatch.setattr(runner, "iter_logits", lambda w, s, o, **kw: seen.append(o) or real(w, s, o, **kw))
+    seen, real = [], runner.make_runner
+    monkeypatch.setattr(runner, "make_runner", lambda w, o, **kw: seen.append(o) or real(w, o, **kw))
     assert _score(fast, "old", teacher=old).code == 0
     assert (seen[0].micro_batch, seen[0].mlp_tokens) == (1, None)
 

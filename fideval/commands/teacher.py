@@ -18,7 +18,10 @@ def teacher(
     domain: Annotated[list[str] | None, typer.Option("--domain", help="only this domain (repeatable); default all")] = None,
     device: options.Device = None,
     dtype: Annotated[str | None, typer.Option(
-        "--dtype", help="compute dtype of the layers: float32 or bfloat16 (lm head is always float32)")] = None,
+        "--dtype", help="compute dtype of the layers: float32 or bfloat16 (logits are float32 either way)")] = None,
+    lm_head: Annotated[str | None, typer.Option(
+        "--lm-head", help="the lm head's arithmetic: auto (bf16 products, float32 sums where that is exact: bf16 layers "
+        "on a GPU), float32 or bf16 (default: config, else auto)")] = None,
     micro_batch: Annotated[int | None, typer.Option(
         "--micro-batch", min=1, help="sequences per attention call (default: config, else auto: 1 on a CPU, sized on a GPU)")] = None,
     mlp_tokens: Annotated[str | None, typer.Option(
@@ -51,7 +54,7 @@ def teacher(
     sequence_folders(windows, kinds)  # a bad --windows or --lengths fails before the output folder exists
     args = _settings(config, model=model, model_id=model_id, model_revision=model_revision, device=device,
                      dtype=dtype, micro_batch=micro_batch, mlp_tokens=mlp_tokens, chunk_bytes=chunk_bytes,
-                     implementation=implementation, code=code, trust_remote_code=trust_remote_code)
+                     implementation=implementation, code=code, trust_remote_code=trust_remote_code, lm_head=lm_head)
     if args.get("implementation", "transformers") not in ("transformers", "reference"):
         from fideval.errors import FidevalError
 
@@ -89,7 +92,8 @@ def _settings(config: Path | None, **given) -> dict:
         files = locate(cfg.model.path, cfg.model.revision) if "model" not in got else None
         base = {"model_id": cfg.model.id, "implementation": cfg.model.implementation, "code": cfg.model.code,
                 "trust_remote_code": cfg.model.trust_remote_code, "device": cfg.teacher.device, "dtype": cfg.teacher.dtype,
-                "micro_batch": cfg.teacher.micro_batch, "mlp_tokens": cfg.teacher.mlp_tokens, "chunk_bytes": cfg.teacher.chunk_bytes}
+                "micro_batch": cfg.teacher.micro_batch, "mlp_tokens": cfg.teacher.mlp_tokens, "chunk_bytes": cfg.teacher.chunk_bytes,
+                "lm_head": cfg.teacher.lm_head}
         if files is not None:
             base.update(model=files.folder, model_revision=files.revision or cfg.model.revision)
         else:

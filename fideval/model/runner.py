@@ -9,7 +9,8 @@ time behind compute once a chunk holds enough tokens.
 
 Numerics follow the model's own forward: transformers' decoder-layer modules, its rotary module, its
 mask utilities, position ids ``arange(L)``; the final norm in the model dtype and the lm head in float32
-(``F.linear`` on float32 inputs and weights), as a float32 ``from_pretrained`` model computes it.
+(``F.linear`` on float32 inputs and weights), as a float32 ``from_pretrained`` model computes it -- or, in a
+bf16 run on a GPU, the same bfloat16 operands on the tensor cores with float32 sums (fideval.model.head).
 A canary (the first micro-batch, same composition) runs again at the end of the run; its logits must be
 bit-identical, and the verdict is kept in :attr:`Runner.canary`.
 """
@@ -26,6 +27,7 @@ import torch
 
 from fideval.errors import FidevalError
 from fideval.model import determinism, fp8_release, hooks, parallel, profile
+from fideval.model import head as head_math
 from fideval.model.adapters import Adapter, expert_range
 from fideval.model.checkpoint import WeightSource, open_weights
 from fideval.model.device import resolve_device
@@ -53,7 +55,8 @@ class RunnerOptions:
     ``profile``: the run's time per part (fideval.model.profile's timeline) into ``Runner.stats``;
     ``implementation``: ``transformers`` (this module) or ``reference`` (the vendor's own code,
     fideval.model.reference.runner, from ``code`` relative to the model folder or absolute, which needs
-    ``trust_remote_code``; ``reference``: the family driver's own options, e.g. ``{"gemm_impl": "fp8"}``)."""
+    ``trust_remote_code``; ``reference``: the family driver's own options, e.g. ``{"gemm_impl": "fp8"}``);
+    ``head``: the lm head's arithmetic, ``auto`` | ``float32`` | ``bf16`` (fideval.model.head)."""
 
     device: str | torch.device = "cpu"
     dtype: torch.dtype = torch.float32
@@ -72,6 +75,7 @@ class RunnerOptions:
     code: str | None = None
     trust_remote_code: bool = False
     reference: dict | None = None
+    head: str = "auto"
 
 
 class Runner(LayerMajor):
@@ -114,6 +118,7 @@ class Runner(LayerMajor):
             if n_exp:
                 self.experts[i] = expert_range(rank, world, n_exp)
         self.vocab_bounds = parallel.vocab_bounds(world, self.adapter.vocab_size)
+        self.head_mode = self._choose_head()
 
     @property
     def vocab_size(self) -> int:
@@ -170,7 +175,8 @@ class Runner(LayerMajor):
             w = self.adapter.transform(self.options.weight_transform, "embedding", "model.embed_tokens.weight", w)
         return torch.nn.Embedding.from_pretrained(w, freeze=True)
 
-    def _load_head(self) -> torch.nn.Module:
+    def _head_weights(self) -> tuple[torch.Tensor, torch.nn.Module]:
+        """This rank's lm head rows in float32 (after the candidate's weight transform) and the final norm."""
         keys, H = self.adapter.top_keys(), self.adapter.config.hidden_size
         w = self._read(keys["lm_head"], torch.float32, rows=self.vocab_bounds[self.rank])
         if w.ndim != 2 or w.shape[1] != H:
@@ -182,11 +188,49 @@ class Runner(LayerMajor):
         if tuple(norm_w.shape) != (H,):
             raise FidevalError(f"{self.ckpt.dir}: model.norm.weight has shape {list(norm_w.shape)}, config.json implies "
                                f"[{H}]", hint="the checkpoint does not match config.json")
+        return w, self.adapter.final_norm(norm_w)
+
+    def _load_head(self) -> torch.nn.Module:
+        w, norm = self._head_weights()
         mod = torch.nn.Module()
-        mod.norm = self.adapter.final_norm(norm_w)
+        mod.norm = norm
+        if self.head_mode == "bf16":
+            if not head_math.exact(w):  # the mode was chosen on these weights: a transform that is not repeatable
+                raise FidevalError(f"{self.ckpt.dir}: the lm head's weights changed between loads (no longer bfloat16-exact)",
+                                   hint="run with lm head float32")
+            mod.lm_head = head_math.Bf16Head(w.to(torch.bfloat16))
+            return mod
         mod.lm_head = torch.nn.Linear(w.shape[1], w.shape[0], bias=False, device="meta")
         mod.lm_head.load_state_dict({"weight": w}, assign=True)
         return mod
+
+    def _choose_head(self) -> str:
+        """The lm head's mode (fideval.model.head): ``options.head`` or, for ``auto``, ``bf16`` where it forms the
+        float32 head's own products, else ``float32``. Under model parallel every rank takes the same mode."""
+        want = self.options.head
+        if want not in head_math.MODES:
+            raise FidevalError(f"lm head mode {want!r} is not known", hint=f"use one of {', '.join(head_math.MODES)}")
+        if want == "float32":
+            return "float32"
+        why = head_math.unusable(self.device, self.dtype, self.act_transform)
+        if why is None:
+            w, norm = self._head_weights()
+            if not head_math.exact(w):
+                why = "its weights (after the candidate's transform) are not bfloat16 values"
+            elif norm(torch.zeros((1, w.shape[1]), dtype=self.dtype, device=self.device)).dtype != torch.bfloat16:
+                why = "the final norm does not return bfloat16"
+            if self.device.type == "cuda":
+                torch.cuda.synchronize(self.device)  # the pinned staging of the read is done with
+            del w, norm
+        if self.world > 1:  # one rank's rows may be exact where another's are not
+            import torch.distributed as dist
+
+            flag = torch.tensor([0 if why else 1], device=self.device)
+            dist.all_reduce(flag, op=dist.ReduceOp.MIN, group=self.group)
+            why = why or (None if int(flag) else "another rank's lm head rows are not bfloat16 values")
+        if why and want == "bf16":
+            raise FidevalError(f"lm head bf16 cannot run here: {why}", hint="use lm head auto or float32")
+        return "float32" if why else "bf16"
 
     def _read(self, key: str, dtype: torch.dtype, rows: tuple[int, int] | None = None) -> torch.Tensor:
         """One tensor onto the device (through pinned memory on a GPU), in ``dtype`` (fp8 dequantized there)."""
@@ -278,7 +322,8 @@ class Runner(LayerMajor):
                             x = states[j] if on_dev else states[j].to(dev, non_blocking=True)
                             states[j] = None
                         with tl.part("head"):
-                            x = head.norm(x).to(torch.float32)
+                            x = head.norm(x)
+                            x = x if self.head_mode == "bf16" else x.to(torch.float32)
                             fn = self.act_transform.get("lm_head")
                             if fn is not None:
                                 x = fn(x)

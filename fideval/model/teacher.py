@@ -94,7 +94,22 @@ def recorded_settings(out: Path) -> dict | None:
     if not meta or not meta.get("teacher"):
         return None
     ran = json.loads(meta["teacher"])
-    return {k: ran.get(k) for k in RECORDED}
+    return {k: ran.get(k) for k in (*RECORDED, "lm_head")}
+
+
+def adopt_head(asked: str, recorded: str | None, where: str) -> str:
+    """The lm head mode of a run that writes into a store recorded with ``recorded`` (None: a new store): the
+    recorded one for ``auto``, else ``asked``, which must then match (a resumed store is bit-identical)."""
+    from fideval.model.head import MODES
+
+    if asked not in MODES:
+        raise FidevalError(f"lm head {asked!r} is not known", hint=f"use one of {', '.join(MODES)}")
+    if recorded is None or asked == recorded:
+        return asked
+    if asked == "auto":
+        return recorded
+    raise FidevalError(f"{where} was written with lm head {recorded!r}, this run asks for {asked!r}",
+                       hint="resume with the same lm head (or auto), or write a new store")
 
 
 def _stored_digest(out: Path, seq_id: str) -> str | None:
@@ -140,11 +155,12 @@ def run_teacher(model_dir, windows_dir, out, *, kinds=KINDS, device="auto", dtyp
                 model_revision=None, micro_batch: int | str = "auto", mlp_tokens: int | str | None = "auto",
                 chunk_bytes: int | str | None = "auto", peak_tflops: float | None = None,
                 domains: list[str] | None = None, implementation: str = "transformers", code: str | None = None,
-                trust_remote_code: bool = False) -> dict:
+                trust_remote_code: bool = False, lm_head: str = "auto") -> dict:
     """The teacher run; returns ``written``, ``skipped``, ``canaries``, ``stats`` (the runner's), ``settings``
     (what ran) and ``profile`` (the whole run's accounting, also in the store's manifest meta). ``implementation``
     ``reference`` runs the vendor's code (``code``: its folder, relative to the model or absolute; needs
-    ``trust_remote_code``); the store's ``teacher`` block then records the code's SHA-256 per file and kernels."""
+    ``trust_remote_code``); the store's ``teacher`` block then records the code's SHA-256 per file and kernels.
+    ``lm_head``: the head's arithmetic (fideval.model.head), recorded; a resumed store keeps its own."""
     t_start = time.perf_counter()
     import torch
 
@@ -199,7 +215,7 @@ def run_teacher(model_dir, windows_dir, out, *, kinds=KINDS, device="auto", dtyp
     block = {"runner": runner_module, "implementation": implementation, "arch": arch, "dtype": dtype,
              "device": dev.type, "model_parallel": world,
              # CPU float sums change order with the thread count: part of what makes logits reproducible
-             "torch_threads": torch.get_num_threads() if dev.type == "cpu" else None, "lm_head": "float32",
+             "torch_threads": torch.get_num_threads() if dev.type == "cpu" else None,
              "weights": fp8_release.describe(ckpt, release, resolve_dtype(dtype), dev)}
     meta = {"model_id": model_id or model_dir.name, "model_revision": model_revision or "local",
             "tokenizer_sha256": win_sha or model_sha or "unknown", "vocab_size": vocab, "kind": "logits", "teacher": block}
@@ -224,9 +240,11 @@ def run_teacher(model_dir, windows_dir, out, *, kinds=KINDS, device="auto", dtyp
                    reference=implementation == "reference")
     block.update(st.recorded())
     timeline = Timeline(dev)
+    head = adopt_head(lm_head, (recorded_settings(out) or {}).get("lm_head"), f"store {out}")
     opts = RunnerOptions(device=dev, dtype=resolve_dtype(dtype), profile=True, implementation=implementation, code=code,
-                         trust_remote_code=trust_remote_code, **st.runner_options())
+                         trust_remote_code=trust_remote_code, head=head, **st.runner_options())
     runner = make_runner(model_dir, opts, rank=rank, world=world, group=group, timeline=timeline)
+    block["lm_head"] = runner.head_mode
     if implementation == "reference":
         block["reference_code"] = runner.provenance()
         block["weights"] = runner.weights_description
@@ -306,6 +324,8 @@ def main(argv=None) -> int:
     ap.add_argument("--implementation", default="transformers", choices=("transformers", "reference"))
     ap.add_argument("--code", help="the reference code's folder (default: <model>/inference)")
     ap.add_argument("--trust-remote-code", action="store_true", help="needed by --implementation reference")
+    ap.add_argument("--lm-head", default="auto", choices=("auto", "float32", "bf16"),
+                    help="the lm head's arithmetic (auto: bf16 products with float32 sums where exact, docs/runner.md)")
     ap.add_argument("--peak-tflops", type=float, help="the GPU's peak for the utilisation figure (default: by its name)")
     ap.add_argument("--model-id")
     ap.add_argument("--model-revision")
@@ -314,7 +334,8 @@ def main(argv=None) -> int:
         r = run_teacher(a.model, a.windows, a.out, kinds=tuple(x for x in a.lengths.split(",") if x), device=a.device,
                         dtype=a.dtype, model_id=a.model_id, model_revision=a.model_revision, micro_batch=a.micro_batch,
                         mlp_tokens=a.mlp_tokens, chunk_bytes=a.chunk_bytes, peak_tflops=a.peak_tflops,
-                        implementation=a.implementation, code=a.code, trust_remote_code=a.trust_remote_code)
+                        implementation=a.implementation, code=a.code, trust_remote_code=a.trust_remote_code,
+                        lm_head=a.lm_head)
     except FidevalError as e:
         print(f"fideval: error: {e.line()}", file=sys.stderr)
         return 2

@@ -105,6 +105,13 @@ def teacher_settings(cfg: Any, teacher: Any, files: Any) -> dict[str, Any]:
             raise FidevalError(f"config teacher.{key} is {mine!r} but {where} was made with {key} {theirs!r}",
                                hint=f"set teacher.{key}: {theirs} (or drop it), or rerun the teacher with the config")
         out[key] = theirs if known else mine
+    theirs, mine = ran.get("lm_head"), cfg.teacher.lm_head
+    if theirs is not None and "lm_head" in cfg.teacher.model_fields_set and mine not in (AUTO, theirs):
+        raise FidevalError(f"config teacher.lm_head is {mine!r} but {where} was made with lm_head {theirs!r}",
+                           hint=f"set teacher.lm_head: {theirs} (or drop it), or rerun the teacher with the config")
+    # the teacher's head arithmetic where the candidate's head allows it (a quantized head that is not bfloat16-exact
+    # computes in float32 under a bf16 teacher, and score.json records it); a store that records none: the config's
+    out["lm_head"] = {"bf16": AUTO, "float32": "float32"}.get(theirs, mine)
     tok = Path(files.folder) / "tokenizer.json"
     checks = [("model id", cfg.model.id, meta.get("model_id")), ("model revision", files.revision, meta.get("model_revision")),
               ("tokenizer SHA-256", sha256_file(tok) if tok.is_file() else None, meta.get("tokenizer_sha256"))]
@@ -123,6 +130,7 @@ def run_options(files: Any, seqs: Any, settings: dict[str, Any], device: str,
     (:func:`fideval.model.reference.runner.sizing_config`: a family transformers lacks has none)."""
     from fideval.model import sizing
     from fideval.model.device import resolve_device, resolve_dtype
+    from fideval.model.sizing import AUTO
 
     dtype = resolve_dtype(settings["dtype"])
     if (backend or {}).get("implementation") == "reference":
@@ -141,7 +149,8 @@ def run_options(files: Any, seqs: Any, settings: dict[str, Any], device: str,
     st = sizing.choose(resolve_device(device), dtype, config, seqs.tokens.shape[1], n_sequences=len(seqs.ids),
                        math_attention=True if reference else None, split_heads=reference,
                        **{k: settings[k] for k in sizing.RECORDED})
-    return {"device": device, "dtype": dtype, "profile": True, **st.runner_options()}, config
+    return {"device": device, "dtype": dtype, "profile": True, "head": settings.get("lm_head", AUTO),
+            **st.runner_options()}, config
 
 
 def _model_run(files: Any, teacher: Any, settings: dict[str, Any], device: str, checkpoint: Any = None,
@@ -152,8 +161,10 @@ def _model_run(files: Any, teacher: Any, settings: dict[str, Any], device: str, 
     sequences in ``skip`` when the run starts are not yielded (nor computed, chunk by chunk); ``backend``:
     RunnerOptions' ``implementation``/``code``/``trust_remote_code`` (the config's model section). Returns the
     shards, the model FLOPs per token and the settings as run (with the reference code's provenance)."""
+    from fideval.model import parallel
+    from fideval.model.device import resolve_device
     from fideval.model.flops import flops_per_token
-    from fideval.model.runner import RunnerOptions, iter_logits
+    from fideval.model.runner import RunnerOptions, make_runner
 
     seqs = teacher_sequences(teacher)
     fields, config = run_options(files, seqs, settings, device, backend)
@@ -161,22 +172,19 @@ def _model_run(files: Any, teacher: Any, settings: dict[str, Any], device: str, 
     weights = checkpoint if checkpoint is not None else files.folder
     ran = {"dtype": settings["dtype"], "micro_batch": opts.micro_batch, "mlp_tokens": opts.mlp_tokens,
            "chunk_bytes": opts.host_budget_bytes}
-    if opts.implementation == "reference":  # built now: what code computed the candidate goes into score.json
-        from fideval.model import parallel
-        from fideval.model.device import resolve_device
-        from fideval.model.runner import make_runner
-
-        rank, world, group = parallel.init_from_env(resolve_device(opts.device))
-        runner = make_runner(weights, opts, rank=rank, world=world, group=group, timeline=timeline)
+    # built now: what computed the candidate (its lm head's arithmetic, the reference code) goes into score.json
+    rank, world, group = parallel.init_from_env(resolve_device(opts.device))
+    runner = make_runner(weights, opts, rank=rank, world=world, group=group, timeline=timeline)
+    ran["lm_head"] = runner.head_mode
+    if opts.implementation == "reference":
         ran["reference_code"] = runner.provenance()
 
-        def logits_then_provenance():  # what computed the transformed linears is known once they have loaded
-            yield from runner.iter_logits(seqs, skip=skip.__contains__ if skip is not None else None)
+    def run_then_provenance():  # what computed the reference code's transformed linears is known once they have loaded
+        yield from runner.iter_logits(seqs, skip=skip.__contains__ if skip is not None else None)
+        if opts.implementation == "reference":
             ran["reference_code"] = runner.provenance()
 
-        logits = logits_then_provenance()
-    else:
-        logits = iter_logits(weights, seqs, opts, timeline=timeline, skip=skip.__contains__ if skip is not None else None)
+    logits = run_then_provenance()
     return (CandidateShard(sid, x) for sid, x in logits), flops_per_token(config, seqs.tokens.shape[1])["total"], ran
 
 

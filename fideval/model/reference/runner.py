@@ -66,12 +66,18 @@ def _family(cfg: dict, folder: Path, trust: bool) -> str:
 class ReferenceRunner(LayerMajor):
     """One model, one device, optionally one rank of N, run by the vendor's code (``options``: a
     :class:`~fideval.model.runner.RunnerOptions`; its ``code``, ``trust_remote_code`` and ``reference`` fields
-    select the code, the trust and the driver's own options)."""
+    select the code, the trust and the driver's own options). The head is the driver's: float32 over every
+    position (its ``finish``), so ``options.head`` ``bf16`` is refused."""
+
+    head_mode = "float32"
 
     def __init__(self, weights: WeightSource | str | Path, options, *, rank: int = 0, world: int = 1, group=None,
                  ledger: Ledger | None = None, timeline: Timeline | None = None):
         determinism.configure()
         self.options = opts = options
+        if getattr(opts, "head", "auto") == "bf16":
+            raise FidevalError("lm head bf16 is not available with the reference code (its driver computes the head in "
+                               "float32 as the vendor's code does)", hint="use lm head auto or float32")
         self.device = resolve_device(opts.device)
         self.dtype = opts.dtype
         self.ckpt = open_weights(weights)
