@@ -144,3 +144,12 @@ def test_bf16_head_run_differs_from_float32_head_only_by_sum_order(tmp_path):
     print(f"bf16 vs float32 head: max |delta logit| {d:.3g} at |logit| {big:.3g}")
     assert d <= 1e-5 * big
     assert fast_r.canary["identical"]
+
+
+def test_the_reference_code_refuses_the_bf16_head(tmp_path):
+    """Its head is its driver's (float32, as the vendor computes it): refused before anything is read."""
+    from fideval.model.reference.runner import ReferenceRunner
+
+    with pytest.raises(FidevalError, match="not available with the reference code"):
+        ReferenceRunner(tmp_path / "absent", RunnerOptions(implementation="reference", head="bf16"))
+    assert ReferenceRunner.head_mode == "float32"

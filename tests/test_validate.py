@@ -225,6 +225,17 @@ def test_model_parallel_must_split_the_experts(tmp_path):
     assert validate(config(tmp_path, "demo://model", teacher={"model_parallel": 4})).code == 0
 
 
+@pytest.mark.parametrize("teacher, needle", [
+    ({"lm_head": "bf16", "dtype": "float32", "device": "cuda"}, "the layers compute in float32, not bfloat16"),
+    ({"lm_head": "bf16", "dtype": "bfloat16", "device": "cpu"}, "it needs a GPU"),
+])
+def test_a_bf16_lm_head_the_teacher_would_refuse(tmp_path, teacher, needle):
+    """The runner's own words (tests/test_model_head.py); auto, or bf16 on a GPU with bf16 layers, passes."""
+    refused(config(tmp_path, "demo://model", teacher=teacher), "teacher.lm_head", "lm head bf16 cannot run here: " + needle)
+    ok = validate(config(tmp_path, "demo://model", teacher={"lm_head": "bf16", "dtype": "bfloat16", "device": "cuda"}))
+    assert ok.code == 0, ok.stderr
+
+
 # -- 7. output size ----------------------------------------------------------------------------------------------
 def _free(monkeypatch, free: int) -> None:
     import fideval.validate.sizes as sizes

@@ -21,14 +21,26 @@ from __future__ import annotations
 import torch
 
 MODES = ("auto", "float32", "bf16")
+# the reference code's head is its driver's (float32 over every position, as the vendor computes it)
+NOT_WITH_REFERENCE = ("lm head bf16 is not available with the reference code (its driver computes the head in float32 "
+                      "as the vendor's code does)")
+HINT = "use lm head auto or float32"
+
+
+def setting_problem(device_type: str, dtype: torch.dtype) -> str | None:
+    """Why a run on ``device_type`` with layers in ``dtype`` cannot take the bf16 head (None: the setting allows it)."""
+    if device_type != "cuda":
+        return "it needs a GPU (torch has no bfloat16 x bfloat16 -> float32 GEMM on the CPU)"
+    if dtype != torch.bfloat16:
+        return f"the layers compute in {str(dtype).removeprefix('torch.')}, not bfloat16"
+    return None
 
 
 def unusable(device: torch.device, dtype: torch.dtype, act_transform: dict | None) -> str | None:
     """Why the bf16 head cannot run in this setting (None: it can, if the weights allow)."""
-    if device.type != "cuda":
-        return "it needs a GPU (torch has no bfloat16 x bfloat16 -> float32 GEMM on the CPU)"
-    if dtype != torch.bfloat16:
-        return f"the layers compute in {str(dtype).removeprefix('torch.')}, not bfloat16"
+    why = setting_problem(device.type, dtype)
+    if why:
+        return why
     if act_transform and "lm_head" in act_transform:
         return "the candidate quantizes the lm head's activations (their values are not bfloat16)"
     try:

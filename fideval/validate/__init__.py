@@ -7,7 +7,7 @@ fail runs, so validate and the run cannot disagree:
 
 * :mod:`.model`      the model folder (local, or ``hf://`` in the local Hub cache): the runner's adapter
                      (architecture, transformers config), its meta layers (module classes, routed experts
-                     per layer), and the model-parallel split of those experts;
+                     per layer), the model-parallel split of those experts, and the lm head's arithmetic;
 * :mod:`.reference`  with ``model.implementation: reference``: the vendor's code as the reference backend
                      imports it (folder, classes, ``ModelArgs``, the model-parallel cuts);
 * :mod:`.tokenizer`  the tokenizer the windows stage loads, its separator tokens and chat template;
@@ -64,6 +64,7 @@ def check_config(cfg: Any) -> Findings:
     probe = model.probe(cfg, found)
     reference.check(cfg, probe.folder, found)
     model.check_parallel(cfg, probe, found)
+    model.check_head(cfg, found)
     tokenizer.check(cfg, found)
     candidates.check(cfg, probe, found)
     sizes.check(cfg, probe, found)

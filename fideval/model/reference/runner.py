@@ -76,8 +76,9 @@ class ReferenceRunner(LayerMajor):
         determinism.configure()
         self.options = opts = options
         if getattr(opts, "head", "auto") == "bf16":
-            raise FidevalError("lm head bf16 is not available with the reference code (its driver computes the head in "
-                               "float32 as the vendor's code does)", hint="use lm head auto or float32")
+            from fideval.model.head import HINT, NOT_WITH_REFERENCE
+
+            raise FidevalError(NOT_WITH_REFERENCE, hint=HINT)
         self.device = resolve_device(opts.device)
         self.dtype = opts.dtype
         self.ckpt = open_weights(weights)
