@@ -165,7 +165,26 @@ def test_experts_implementation_is_set_explicitly(tmp_path):
         assert got == want if want else got in (None, "eager"), (name, got)
 
 
-@pytest.mark.parametrize("name", ["gemma2", "qwen3_next", "glm4_moe"])
+@pytest.mark.parametrize("name", NAMES)
+def test_bfloat16_layers_keep_the_dtypes_from_pretrained_gives(built, name):
+    """A bf16 run materialises each parameter in the dtype transformers' from_pretrained(dtype=bfloat16) gives it:
+    bfloat16, or float32 where the module's own constructor makes it so (HunYuan's router ``wg``: cast to bf16 it
+    routed in bf16, 0.0207 from transformers at |logit| 3.6 where it is now 0.0093); ``_keep_in_fp32_modules``
+    (which transformers applies only to fp16) stay float32 by the runner's documented choice."""
+    from transformers import AutoModelForCausalLM
+
+    folder, _, _ = built(name)
+    hf = AutoModelForCausalLM.from_pretrained(folder, dtype=torch.bfloat16)
+    want = {n.split(".layers.0.", 1)[1]: t.dtype for n, t in [*hf.named_parameters(), *hf.named_buffers()] if ".layers.0." in n}
+    runner = Runner(folder, RunnerOptions(dtype=torch.bfloat16))
+    layer = runner._load((0, 0))
+    got = {n: t.dtype for n, t in layer.state_dict().items() if t.is_floating_point()}
+    keep = runner.adapter.keep_fp32
+    differ = {n: (got[n], want.get(n)) for n in got if n in want and got[n] != want[n] and not any(k in n for k in keep)}
+    assert not differ
+
+
+@pytest.mark.parametrize("name", ["gemma2", "qwen3_next", "glm4_moe", "hunyuan_v1_moe"])
 def test_bfloat16_difference(built, name):
     """bf16 layers vs transformers in bf16: a few bf16 ulps of the largest logit (our lm head is float32)."""
     folder, toks, _ = built(name)

@@ -382,7 +382,9 @@ class Adapter:
             if tuple(t.shape) != tuple(want.shape):
                 raise FidevalError(f"{self.ckpt.dir}: tensor 'model.layers.{i}.{name}' has shape {list(t.shape)}, "
                                    f"config.json implies {list(want.shape)}", hint="the checkpoint does not match config.json")
-            target = torch.float32 if any(k in name for k in self.keep_fp32) else dtype
+            # float32 where the model keeps it: its _keep_in_fp32_modules, or a parameter its own constructor makes
+            # float32 whatever the default dtype (HunYuan's router `wg`), which from_pretrained keeps float32 too
+            target = torch.float32 if want.dtype == torch.float32 or any(k in name for k in self.keep_fp32) else dtype
             t = self.cast(t, target)
             cls_ = quantized_class(f"model.layers.{i}.{name}", t.shape, t.is_floating_point())
             if weight_transform is not None and cls_ is not None:
