@@ -307,7 +307,8 @@ def run_compute(ckpt: Path, s: dict, L: int, tokens: int, device: str, candidate
     prof = accounting.summary(wall, stats.get("parts", {}), device=accounting.device_name(dev), tokens=n * L,
                               model_flops=f["total"] * n * L, peak=accounting.peak_tflops(accounting.device_name(dev), "bfloat16"),
                               hidden={"load": accounting.hidden_share(stats.get("load_s", 0.0), stats.get("wait_s", 0.0))})
-    out = {"L": L, "seqs": n, "tokens": n * L, "settings": st.recorded(), "finite": math.isfinite(float(acc)), "profile": prof,
+    out = {"L": L, "seqs": n, "tokens": n * L, "settings": {**st.recorded(), "lm_head": r.head_mode},
+           "finite": math.isfinite(float(acc)), "profile": prof,
            "flops": f, "canary": bool(r.canary and r.canary.get("identical")),
            "peak_gpu_gb": torch.cuda.max_memory_allocated() / 1e9 if device == "cuda" else 0.0}
     del r, w
