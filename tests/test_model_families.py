@@ -240,16 +240,19 @@ def test_sizing_counts_the_layers_transformers_builds(name):
 
 
 def _cuda_reference(folder, toks, dtype):
-    """transformers' own full forward on the GPU, TF32 off (the runner's setting), float32 logits on the host."""
+    """transformers' own full forward on the GPU, TF32 off (the runner's setting), float32 logits on the host: the
+    whole batch, and each sequence alone (how much the oracle itself moves with the batch's composition)."""
     from transformers import AutoModelForCausalLM
 
     torch.backends.cuda.matmul.allow_tf32 = torch.backends.cudnn.allow_tf32 = False
     model = AutoModelForCausalLM.from_pretrained(folder, dtype=dtype).eval().to("cuda")
+    ids = torch.from_numpy(toks.astype("int64")).to("cuda")
     with torch.no_grad():
-        out = model(torch.from_numpy(toks.astype("int64")).to("cuda")).logits.float().cpu()
+        out = model(ids).logits.float().cpu()
+        alone = torch.cat([model(ids[i:i + 1]).logits.float().cpu() for i in range(len(ids))])
     del model
     torch.cuda.empty_cache()
-    return out
+    return out, alone
 
 
 @pytest.mark.gpu
@@ -261,9 +264,12 @@ def test_cuda_parity_float32_and_bfloat16(built, name):
     folder, toks, _ = built(name)
     seen = []  # both dtypes measured and printed before any assertion: a failure says by how much, in each
     for dtype, bound in ((torch.float32, lambda ref: 1e-5), (torch.bfloat16, lambda ref: 4 * 2.0**-8 * float(ref.abs().max()))):
-        ref = _cuda_reference(folder, toks, dtype)
+        ref, alone = _cuda_reference(folder, toks, dtype)
         out = {k: v.cpu() for k, v in Runner(folder, RunnerOptions(device="cuda", micro_batch=2, dtype=dtype)).run(toks)}
+        same = {k: v.cpu() for k, v in Runner(folder, RunnerOptions(device="cuda", micro_batch=3, dtype=dtype)).run(toks)}
         d = _max_diff(out, ref)
-        print(f"{name} {dtype}: max |delta logit| {d:.3g} (bound {bound(ref):.3g}, largest logit {float(ref.abs().max()):.3g})")
+        print(f"{name} {dtype}: max |delta logit| {d:.3g} (bound {bound(ref):.3g}, largest logit {float(ref.abs().max()):.3g}); "
+              f"at the oracle's batch (micro-batch 3) {_max_diff(same, ref):.3g}; transformers alone vs batched "
+              f"{float((alone - ref).abs().max()):.3g}")
         seen.append((str(dtype), d, bound(ref)))
     assert all(d <= b for _, d, b in seen), (name, seen)
