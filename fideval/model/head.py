@@ -5,9 +5,9 @@ Why the second one is the same model: the head's input is the final norm's outpu
 released head is bfloat16, so in a bf16 run every operand of the float32 GEMM is a bfloat16 value; the product of
 two bfloat16 values (8-bit significands) is exact in float32, so both modes form the same products and sum them in
 float32, in another order. A float32 GEMM's order is cuBLAS's choice as well (it changes with the shape), so the
-two differ by float32 rounding of the sums (~1e-6 relative), far below any candidate's KLD. The bf16 mode runs at
-the tensor cores' rate: the float32 head measured ~52 TFLOP/s on an H100, 18.5 of 32.5 s of a 3-layer pass
-(bench/RESULTS.md, 2026-12-07).
+two differ by float32 rounding of the sums (~1e-6 relative), far below any candidate's KLD. The bf16 mode puts the
+head on the tensor cores; the float32 head measured ~52 TFLOP/s on an H100, 18.5 of 32.5 s of a 3-layer pass
+(bench/RESULTS.md, 2026-12-07). bench/head.py measures both (not yet run on a GPU).
 
 ``auto`` takes ``bf16`` exactly when it computes those products: a GPU, bfloat16 layers, no activation transform
 on the head (a serving candidate that quantizes the head's inputs), weights bf16-exact after any quant transform
