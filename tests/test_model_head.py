@@ -106,8 +106,15 @@ def test_teacher_records_the_head_and_a_resume_refuses_another(tmp_path):
     res = run_fideval("teacher", *args)
     assert res.code == 0, res.stderr
     assert json.loads(StoreReader(out).meta["teacher"])["lm_head"] == "float32"
-    res = run_fideval("teacher", *args, "--lm-head", "bf16")
-    assert "was written with lm head 'float32', this run asks for 'bf16'" in res.error()
+    man = json.loads((out / "manifest.json").read_text())  # as if a GPU had written it with the bf16 head
+    man["meta"]["teacher"] = json.dumps({**json.loads(man["meta"]["teacher"]), "lm_head": "bf16"})
+    (out / "manifest.json").write_text(json.dumps(man))
+    res = run_fideval("teacher", *args, "--lm-head", "float32")
+    assert "was written with lm head 'bf16', this run asks for 'float32'" in res.error()
+    fresh = tmp_path / "fresh"  # what the setting alone rules out is refused before the store folder exists
+    res = run_fideval("teacher", "--model", model, "--windows", tmp_path / "w", "--out", fresh, "--device", "cpu",
+                      "--dtype", "bfloat16", "--lm-head", "bf16")
+    assert "lm head bf16 cannot run here: it needs a GPU" in res.error() and not fresh.exists()
 
 
 @pytest.mark.gpu

@@ -64,6 +64,8 @@ def teacher(
 
         check(args["model_dir"], code=args.get("code"), trust=bool(args.get("trust_remote_code")),
               world=int(os.environ.get("WORLD_SIZE", "1")), dtype=args.get("dtype") or "float32")
+    if args.get("lm_head") == "bf16":  # refused before the store folder exists, as the runner would refuse it
+        _check_bf16_head(args)
     if int(os.environ.get("RANK", "0")) == 0:  # under torchrun rank 0 alone writes, and holds the lock
         with output_lock(out, "teacher"):
             r = run_teacher(windows_dir=windows, out=out, kinds=kinds, domains=domain or None, peak_tflops=peak_tflops, **args)
@@ -77,6 +79,20 @@ def teacher(
     typer.echo(f"{out}: {r['written']} sequences written, {r['skipped']} already done; canary {canary}; micro-batch "
                f"{ran['micro_batch']}, mlp tokens {ran['mlp_tokens'] or 'off'}; {line(r['profile'])}; weight loading "
                f"{st['load_s']:.1f} s ({st['wait_s']:.1f} s not hidden)")
+
+
+def _check_bf16_head(args: dict) -> None:
+    """``--lm-head bf16`` where the setting alone rules it out (fideval.model.head; the head's weights are checked
+    by the runner)."""
+    from fideval.errors import FidevalError
+    from fideval.model import head
+    from fideval.model.device import resolve_device, resolve_dtype
+
+    if args.get("implementation") == "reference":
+        raise FidevalError(head.NOT_WITH_REFERENCE, hint=head.HINT)
+    why = head.setting_problem(resolve_device(args["device"]).type, resolve_dtype(args["dtype"]))
+    if why:
+        raise FidevalError(f"lm head bf16 cannot run here: {why}", hint=head.HINT)
 
 
 def _settings(config: Path | None, **given) -> dict:
