@@ -160,3 +160,23 @@ def test_the_reference_code_refuses_the_bf16_head(tmp_path):
     with pytest.raises(FidevalError, match="not available with the reference code"):
         ReferenceRunner(tmp_path / "absent", RunnerOptions(implementation="reference", head="bf16"))
     assert ReferenceRunner.head_mode == "float32"
+
+
+def test_a_head_that_changes_between_loads_is_refused(tmp_path, monkeypatch):
+    """The mode is chosen on the head as first loaded; a transform that gives other values later is a one-line error,
+    never a bf16 head over values it would round."""
+    _pretend_gpu(monkeypatch)
+    folder = _bf16_model("qwen3", tmp_path / "m")
+    calls = []
+
+    def drifting(cls, name, t):
+        if cls == "lm_head":
+            calls.append(name)
+            return t if len(calls) == 1 else t + 2.0**-20
+        return t
+
+    runner = Runner(folder, RunnerOptions(dtype=torch.bfloat16, weight_transform=drifting))
+    assert runner.head_mode == "bf16"
+    with pytest.raises(FidevalError, match="the lm head's weights changed between loads") as e:
+        dict(runner.run(mf.tokens(V, n=1, length=8)))
+    assert "\n" not in str(e.value)

@@ -88,11 +88,10 @@ def _check_bf16_head(args: dict) -> None:
     from fideval.model import head
     from fideval.model.device import resolve_device, resolve_dtype
 
-    if args.get("implementation") == "reference":
-        raise FidevalError(head.NOT_WITH_REFERENCE, hint=head.HINT)
-    why = head.setting_problem(resolve_device(args["device"]).type, resolve_dtype(args["dtype"]))
-    if why:
-        raise FidevalError(f"lm head bf16 cannot run here: {why}", hint=head.HINT)
+    msg = head.setting_refusal(args.get("implementation", "transformers"), resolve_device(args["device"]).type,
+                               resolve_dtype(args["dtype"]))
+    if msg:
+        raise FidevalError(msg, hint=head.HINT)
 
 
 def _settings(config: Path | None, **given) -> dict:

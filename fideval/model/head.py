@@ -36,6 +36,20 @@ def setting_problem(device_type: str, dtype: torch.dtype) -> str | None:
     return None
 
 
+def refusal(why: str) -> str:
+    """The one-line refusal of an asked-for bf16 head, for the reason ``why``."""
+    return f"lm head bf16 cannot run here: {why}"
+
+
+def setting_refusal(implementation: str, device_type: str, dtype: torch.dtype) -> str | None:
+    """What refuses an asked-for bf16 head that the run's setting alone rules out, before any weight is read
+    (``fideval teacher`` before its store folder exists, ``fideval validate``); None: the runner decides."""
+    if implementation == "reference":
+        return NOT_WITH_REFERENCE
+    why = setting_problem(device_type, dtype)
+    return refusal(why) if why else None
+
+
 def unusable(device: torch.device, dtype: torch.dtype, act_transform: dict | None) -> str | None:
     """Why the bf16 head cannot run in this setting (None: it can, if the weights allow)."""
     why = setting_problem(device.type, dtype)

@@ -229,7 +229,7 @@ class Runner(LayerMajor):
             dist.all_reduce(flag, op=dist.ReduceOp.MIN, group=self.group)
             why = why or (None if int(flag) else "another rank's lm head rows are not bfloat16 values")
         if why and want == "bf16":
-            raise FidevalError(f"lm head bf16 cannot run here: {why}", hint=head_math.HINT)
+            raise FidevalError(head_math.refusal(why), hint=head_math.HINT)
         return "float32" if why else "bf16"
 
     def _read(self, key: str, dtype: torch.dtype, rows: tuple[int, int] | None = None) -> torch.Tensor:

@@ -131,14 +131,14 @@ def _stored_digest(out: Path, seq_id: str) -> str | None:
 
 
 def _settings(dev, dtype: str, config, seqs: list, todo: int, out: Path, world: int, group, asked: dict,
-              reference: bool = False):
+              recorded: dict | None, reference: bool = False):
     """Sizing (fideval.model.sizing) for the longest sequences of the run, every ``auto`` a resumed store recorded
     taken from it; under torchrun rank 0's settings for every rank. ``reference``: the vendor's code, whose
     attention materialises its scores and splits its heads over the ranks."""
     from fideval.model import sizing
     from fideval.model.device import resolve_dtype
 
-    asked = sizing.adopt(asked, recorded_settings(out), f"store {out}")
+    asked = sizing.adopt(asked, recorded, f"store {out}")
     length = max((s.tokens.shape[1] for s in seqs if s.tokens.size), default=1)
     st = sizing.choose(dev, resolve_dtype(dtype), config, length, n_sequences=todo, world=world,
                        math_attention=True if reference else None, split_heads=reference, **asked)
@@ -236,11 +236,12 @@ def run_teacher(model_dir, windows_dir, out, *, kinds=KINDS, device="auto", dtyp
         dist.broadcast_object_list(box, src=0, group=group)
         done = set(box[0])
     todo = sum(len(s.ids) - sum(sid in done for sid in s.ids) for s in seqs)
-    st = _settings(dev, dtype, config, seqs, todo, out, world, group, asked,
+    recorded = recorded_settings(out)  # a resumed store's settings: read once, for sizing and the lm head
+    st = _settings(dev, dtype, config, seqs, todo, out, world, group, asked, recorded,
                    reference=implementation == "reference")
     block.update(st.recorded())
     timeline = Timeline(dev)
-    head = adopt_head(lm_head, (recorded_settings(out) or {}).get("lm_head"), f"store {out}")
+    head = adopt_head(lm_head, (recorded or {}).get("lm_head"), f"store {out}")
     opts = RunnerOptions(device=dev, dtype=resolve_dtype(dtype), profile=True, implementation=implementation, code=code,
                          trust_remote_code=trust_remote_code, head=head, **st.runner_options())
     runner = make_runner(model_dir, opts, rank=rank, world=world, group=group, timeline=timeline)

@@ -40,13 +40,14 @@ def release_layout(tensors: dict[str, tuple[tuple[int, ...], str]]) -> dict[str,
     return out
 
 
-def weight_shapes(model_dir: Path) -> dict[str, tuple[tuple[int, ...], str]]:
+def weight_shapes(model_dir: Path, headers: dict | None = None) -> dict[str, tuple[tuple[int, ...], str]]:
     """``{tensor name: (shape, dtype)}`` of the model's weights: the headers' tensors, less a release's block
     scales (part of their quantized weight, which the runner dequantizes before a spec sees it); an I8 tensor of
-    packed FP4 pairs is listed at its logical shape with dtype ``F4_E2M1``."""
+    packed FP4 pairs is listed at its logical shape with dtype ``F4_E2M1``. ``headers``: the folder's
+    :func:`~fideval.formats.safetensors.folder_shapes`, when the caller has read them already."""
     from fideval.formats.safetensors import folder_shapes
 
-    tensors = folder_shapes(model_dir)
+    tensors = headers if headers is not None else folder_shapes(model_dir)
     layout = release_layout(tensors)
     scales = {sc for sc, _ in layout.values()}
     out = {}
@@ -59,15 +60,15 @@ def weight_shapes(model_dir: Path) -> dict[str, tuple[tuple[int, ...], str]]:
     return out
 
 
-def release_bits(model_dir: Path) -> dict[str, float]:
+def release_bits(model_dir: Path, headers: dict | None = None) -> dict[str, float]:
     """Stored bits of each quantized weight of a release (:func:`release_layout`), its block scales included (what
     a spec that leaves the weight alone keeps): 8 or 4 bits an element plus 32 (float32) or 8 (E8M0) a scale;
-    empty for an unquantized checkpoint."""
+    empty for an unquantized checkpoint. ``headers``: as for :func:`weight_shapes`."""
     import math
 
     from fideval.formats.safetensors import DTYPE_BITS, folder_shapes
 
-    tensors = folder_shapes(model_dir)
+    tensors = headers if headers is not None else folder_shapes(model_dir)
     bits = {}
     for k, (sc, _kind) in release_layout(tensors).items():
         (shape, _), (sshape, sdtype) = tensors[k], tensors[sc]
@@ -92,7 +93,7 @@ def classes_present(by_class: dict) -> set[str]:
 
 def inspect_model(model_dir: Path, spec_text: str) -> dict:
     """The per-class bits table of ``spec_text`` applied to the checkpoint in ``model_dir``."""
-    from fideval.formats.safetensors import DTYPE_BITS, FLOAT_DTYPES
+    from fideval.formats.safetensors import DTYPE_BITS, FLOAT_DTYPES, folder_shapes
     from fideval.quant.base import get_format
     from fideval.quant.gguf_mix_spec import mix_name
     from fideval.quant.spec import check_spec_classes, compile_spec, is_quantized_tensor, module_class_of
@@ -100,7 +101,8 @@ def inspect_model(model_dir: Path, spec_text: str) -> dict:
     if mix_name(spec_text) is not None:
         return _inspect_mix(model_dir, mix_name(spec_text))
     compiled = compile_spec(spec_text)
-    tensors = weight_shapes(model_dir)
+    headers = folder_shapes(model_dir)  # read once: the shapes and the release's stored bits
+    tensors = weight_shapes(model_dir, headers)
     shapes: dict[str, dict[str, tuple[int, ...]]] = {}
     present, dtype_count, quantized = set(), {}, []
     for name, (shape, dtype) in sorted(tensors.items()):
@@ -120,7 +122,7 @@ def inspect_model(model_dir: Path, spec_text: str) -> dict:
                 raise FidevalError(f"{name}: {e.message}", hint=e.hint) from None
     plain = {d: c for d, c in dtype_count.items() if d not in ("F8_E4M3", FP4_PACKED)} or dtype_count  # a release's
     base = max(plain, key=plain.get)  # count their stored bits, the rest its (bf16) dtype
-    table = compiled.bits(shapes, base_bits=DTYPE_BITS.get(base, 16), stored=release_bits(model_dir))
+    table = compiled.bits(shapes, base_bits=DTYPE_BITS.get(base, 16), stored=release_bits(model_dir, headers))
     table["base_dtype"] = base
     table["classes_present"] = sorted(present)
     return table

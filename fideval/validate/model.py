@@ -170,16 +170,12 @@ def check_parallel(cfg: Any, p: Probe, found: Findings) -> None:
 def check_head(cfg: Any, found: Findings) -> None:
     """``teacher.lm_head: bf16`` where the teacher would refuse it (fideval.model.head), in its words: the reference
     code, layers that are not bfloat16, a CPU device (``auto`` is decided on the machine that runs the teacher)."""
-    import torch
-
     from fideval.model import head
+    from fideval.model.device import resolve_dtype
 
     if cfg.teacher.lm_head != "bf16":
         return
-    if getattr(cfg.model, "implementation", "transformers") == "reference":
-        found.add("teacher.lm_head", head.NOT_WITH_REFERENCE, head.HINT)
-        return
-    dtype = torch.bfloat16 if cfg.teacher.dtype == "bfloat16" else torch.float32
-    why = head.setting_problem("cpu" if cfg.teacher.device == "cpu" else "cuda", dtype)
-    if why:
-        found.add("teacher.lm_head", f"lm head bf16 cannot run here: {why}", head.HINT)
+    msg = head.setting_refusal(getattr(cfg.model, "implementation", "transformers"),
+                               "cpu" if cfg.teacher.device == "cpu" else "cuda", resolve_dtype(cfg.teacher.dtype))
+    if msg:
+        found.add("teacher.lm_head", msg, head.HINT)

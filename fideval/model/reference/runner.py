@@ -75,7 +75,7 @@ class ReferenceRunner(LayerMajor):
                  ledger: Ledger | None = None, timeline: Timeline | None = None):
         determinism.configure()
         self.options = opts = options
-        if getattr(opts, "head", "auto") == "bf16":
+        if opts.head == "bf16":
             from fideval.model.head import HINT, NOT_WITH_REFERENCE
 
             raise FidevalError(NOT_WITH_REFERENCE, hint=HINT)
