@@ -67,6 +67,28 @@ def test_weight_transform_applies_once_to_the_named_classes(tmp_path):
     assert max(float((out[k] - ref[k]).abs().max()) for k in range(2)) <= 1e-5
 
 
+@pytest.mark.parametrize("family", ["deepseek_v3", "gpt_oss"])
+def test_a_spec_quantizes_the_loads_own_tensor_in_place_with_the_same_bits(tmp_path, family):
+    """A transform taking ``out=`` (a compiled spec's) writes into the tensor the load owns -- no second copy of a
+    fused expert tensor; gpt-oss's experts are transposed views -- and the logits are the copying path's bits."""
+    from fideval.quant.spec import compile_spec
+
+    folder = mf.build(family, tmp_path / "m")
+    spec = compile_spec({"routed_experts": "mxfp4", "attention": "fp8_block", "lm_head": "nvfp4"})
+    calls: list[tuple[str, bool]] = []
+
+    def in_place(cls, name, t, out=None):
+        calls.append((cls, out is t))
+        return spec.weight_transform(cls, name, t, out=out)
+
+    toks = mf.tokens(V, n=2, length=12)
+    copying = {k: digest(v) for k, v in Runner(folder, RunnerOptions(
+        weight_transform=lambda c, n, t: spec.weight_transform(c, n, t))).run(toks)}
+    owned = {k: digest(v) for k, v in Runner(folder, RunnerOptions(weight_transform=in_place)).run(toks)}
+    assert owned == copying
+    assert {c for c, same in calls if same} >= {"routed_experts", "attention", "lm_head"} and all(s for _, s in calls)
+
+
 def test_act_transform_reaches_every_module_input(tmp_path):
     """Oracle: forward pre-hooks by explicit module name plus a hand-written per-expert loop in transformers' model."""
     from transformers import AutoModelForCausalLM

@@ -25,6 +25,28 @@ def test_chunked_equals_one_shot_and_per_matrix(monkeypatch, name, recipe):
         assert torch.equal(chunked[k], fmt.quant_dequant(x[k], recipe))
 
 
+@pytest.mark.parametrize("name,recipe", CASES)
+def test_in_place_equals_a_fresh_result_through_any_strides(monkeypatch, name, recipe):
+    """out=x (the runner's own tensor) gives the fresh result's bits, also through a transposed view (gpt-oss's
+    experts are [E, in, out] on disk and shown to the format as [E, out, in]), chunk by chunk and per matrix."""
+    fmt = get_format(name)
+    g = torch.Generator().manual_seed(len(name) * 7 + len(recipe))
+    x = (torch.randn(2, 300, 256, generator=g) * torch.exp(torch.randn(2, 300, 1, generator=g) * 2)).bfloat16()
+    x[1] *= 30
+    monkeypatch.setattr(base, "CHUNK_ELEMENTS", 1)  # several chunks per matrix: each is read before it is written
+    fresh = fmt.quant_dequant(x, recipe)
+    own = x.clone()
+    assert fmt.quant_dequant(own, recipe, out=own) is own and torch.equal(own, fresh)
+    stored = x.transpose(-1, -2).contiguous()  # the on-disk layout of a transposed module
+    view = stored.transpose(-1, -2)
+    fmt.quant_dequant(view, recipe, out=view)
+    assert torch.equal(stored.transpose(-1, -2), fresh)
+    vec = x[0, 0].clone()
+    assert torch.equal(fmt.quant_dequant(vec, recipe, out=vec), fmt.quant_dequant(x[0, 0], recipe))
+    with pytest.raises(ValueError, match="does not match"):
+        fmt.quant_dequant(x, recipe, out=x.float())
+
+
 @pytest.mark.parametrize("name", ["mxfp4", "nvfp4", "fp8_block", "int4", "gguf_q4_1"])
 def test_dtype_and_shape_kept(name):
     for dt in (torch.float32, torch.bfloat16, torch.float16):

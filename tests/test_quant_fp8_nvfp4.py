@@ -90,6 +90,19 @@ def test_act_quant_matches_reference(scale):
     assert np.isfinite(ours).all() and (ours[0] == 0).all()
 
 
+@pytest.mark.parametrize("scale", ["fp32", "ue8m0"])
+def test_act_quant_in_chunks_of_rows_is_one_pass(monkeypatch, scale):
+    """Chunks of whole rows (bounded float32 temporaries) give the one-pass result's bits, partial block included."""
+    import fideval.quant.activations as act
+
+    x = (torch.randn(7, 3, 320) * torch.exp(torch.randn(7, 3, 1) * 3)).bfloat16()
+    one = act_quant_e4m3(x, 128, scale)
+    monkeypatch.setattr(act, "CHUNK_ELEMENTS", 2 * 384)  # two padded rows a chunk: 11 chunks, the last of one row
+    assert torch.equal(act_quant_e4m3(x, 128, scale), one)
+    ref = torch.from_numpy(ref_act(x.float().reshape(-1, 320).numpy(), scale)).reshape(x.shape).bfloat16()
+    assert torch.equal(one, ref)
+
+
 def test_act_quant_keeps_dtype_and_shape():
     x = torch.randn(2, 3, 256, dtype=torch.bfloat16) * 1000
     y = act_quant_e4m3(x)

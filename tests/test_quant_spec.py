@@ -127,3 +127,17 @@ def test_check_spec_classes():
     with pytest.raises(FidevalError, match="shared_experts that this model does not have") as ei:
         check_spec_classes("routed_experts=mxfp4,shared_experts=nvfp4", {"routed_experts", "attention", "dense_mlp"})
     assert "\n" not in str(ei.value)
+
+
+def test_weight_transform_writes_into_out():
+    """out= (the runner's own tensor): the same bits as a fresh result, written there; identity copies."""
+    c = compile_spec({"routed_experts": "mxfp4"})
+    x = torch.randn(3, 64, 128).bfloat16()
+    name = "model.layers.1.mlp.experts.gate_up_proj"
+    fresh = c.weight_transform("routed_experts", name, x)
+    own = x.clone()
+    assert c.weight_transform("routed_experts", name, own, out=own) is own and torch.equal(own, fresh)
+    assert not torch.equal(fresh, x)
+    other = torch.empty_like(x)
+    assert c.weight_transform("attention", "model.layers.1.self_attn.q_proj.weight", x, out=other) is other
+    assert torch.equal(other, x)  # not quantized: the tensor as it is

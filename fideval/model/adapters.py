@@ -388,16 +388,20 @@ class Adapter:
             t = self.cast(t, target)
             cls_ = quantized_class(f"model.layers.{i}.{name}", t.shape, t.is_floating_point())
             if weight_transform is not None and cls_ is not None:
-                t = self.transform(weight_transform, cls_, f"model.layers.{i}.{name}", t, layer)
+                t = self.transform(weight_transform, cls_, f"model.layers.{i}.{name}", t, layer, owned=True)
             tensors[name] = t
         layer.load_state_dict(tensors, strict=True, assign=True)
         return layer.eval()
 
-    def transform(self, fn: Callable, cls_: str, name: str, t: torch.Tensor, layer=None) -> torch.Tensor:
-        """``fn`` always sees weights as [..., out, in] (input dim last, the dim quantization blocks run along)."""
+    def transform(self, fn: Callable, cls_: str, name: str, t: torch.Tensor, layer=None, owned: bool = False) -> torch.Tensor:
+        """``fn`` always sees weights as [..., out, in] (input dim last, the dim quantization blocks run along).
+
+        ``owned``: ``t`` is this load's own fresh tensor, so a ``fn`` that takes ``out=`` (a compiled quant spec's)
+        writes its result into it: a fused expert tensor (15 GB of DeepSeek-V3's ``gate_up_proj`` in bf16) is
+        quantized in place instead of beside a second copy of itself on the device."""
         transposed = bool(cls_ == "routed_experts" and layer is not None and getattr(layer.mlp.experts, "is_transposed", False))
         x = t.transpose(-1, -2) if transposed else t
-        y = fn(cls_, name, x)
+        y = fn(cls_, name, x, out=x) if owned and _takes_out(fn) else fn(cls_, name, x)
         if tuple(y.shape) != tuple(x.shape):
             raise ValueError(f"weight_transform changed the shape of {name}")
         y = y.to(t.dtype)
@@ -411,6 +415,16 @@ class Adapter:
                                                            requires_grad=False))
         experts.num_experts = hi - lo
         experts._is_expert_parallel = True
+
+
+def _takes_out(fn: Callable) -> bool:
+    """Whether a weight transform takes the ``out=`` keyword (writes its result into a given tensor)."""
+    import inspect
+
+    try:
+        return "out" in inspect.signature(fn).parameters
+    except (TypeError, ValueError):  # a builtin or C callable without a signature
+        return False
 
 
 class _null:

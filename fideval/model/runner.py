@@ -46,7 +46,8 @@ class RunnerOptions:
     other field shapes the bits.
 
     ``weight_transform(module_class, name, tensor) -> tensor``, once per tensor as a layer is materialised (the
-    embedding too, as class ``embedding``, which only a ``gguf_mix`` spec quantizes);
+    embedding too, as class ``embedding``, which only a ``gguf_mix`` spec quantizes; one that takes ``out=`` is
+    handed the load's own tensor as ``out`` and writes into it, so no second copy of a fused expert tensor exists);
     ``act_transform``: module class -> fn on that class's input activations (docs/runner.md);
     ``host_budget_bytes``: hidden states held per chunk (default 4 GiB); ``device_budget_bytes``: hidden
     states kept on the GPU between layers (default 35 % of its free memory), else pinned on the host;
@@ -172,7 +173,7 @@ class Runner(LayerMajor):
             raise FidevalError(f"{self.ckpt.dir}: embedding has shape {list(w.shape)}, config.json has vocab "
                                f"{self.vocab_size}", hint="the checkpoint does not match config.json")
         if self.options.weight_transform is not None:  # class "embedding": only a gguf_mix spec quantizes it
-            w = self.adapter.transform(self.options.weight_transform, "embedding", "model.embed_tokens.weight", w)
+            w = self.adapter.transform(self.options.weight_transform, "embedding", "model.embed_tokens.weight", w, owned=True)
         return torch.nn.Embedding.from_pretrained(w, freeze=True)
 
     def _head_weights(self) -> tuple[torch.Tensor, torch.nn.Module]:
@@ -183,7 +184,7 @@ class Runner(LayerMajor):
             raise FidevalError(f"{self.ckpt.dir}: {keys['lm_head']} has shape {list(w.shape)}, config.json implies "
                                f"[{self.vocab_size}, {H}]", hint="the checkpoint does not match config.json")
         if self.options.weight_transform is not None:
-            w = self.adapter.transform(self.options.weight_transform, "lm_head", "lm_head.weight", w)
+            w = self.adapter.transform(self.options.weight_transform, "lm_head", "lm_head.weight", w, owned=True)
         norm_w = self._read(keys["norm"], self.dtype)
         if tuple(norm_w.shape) != (H,):
             raise FidevalError(f"{self.ckpt.dir}: model.norm.weight has shape {list(norm_w.shape)}, config.json implies "

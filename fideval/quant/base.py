@@ -13,6 +13,7 @@ like DeepSeek's checkpoints it allows partial edge tiles).
 
 from __future__ import annotations
 
+import itertools
 from dataclasses import dataclass, field
 
 import torch
@@ -113,26 +114,37 @@ class Format:
         raise NotImplementedError
 
     @torch.no_grad()
-    def quant_dequant(self, x: torch.Tensor, recipe: str | None = None, group: int | None = None) -> torch.Tensor:
+    def quant_dequant(self, x: torch.Tensor, recipe: str | None = None, group: int | None = None,
+                      out: torch.Tensor | None = None) -> torch.Tensor:
         """Quantize then dequantize; same shape and dtype.
 
         Works matrix by matrix (``[E, out, in]`` -> E matrices, each with its own tensor-level scale where
         the format has one) and in chunks of whole 128-row tiles of about 2**24 elements, so a fused
-        expert tensor of tens of GB never has more than a few hundred MB of float32 temporaries."""
+        expert tensor of tens of GB never has more than a few hundred MB of float32 temporaries.
+
+        ``out``: a tensor of ``x``'s shape and dtype to write the result into, ``x`` itself included (each chunk
+        is read before it is written, and a matrix's context before any of its chunks): a runner that owns the
+        tensor quantizes a fused expert tensor in place, with no second copy of it (any strides: a transposed
+        view is written through)."""
         from fideval.quant.elements import check_finite
 
         r, g, shape = self._prepare(x, recipe, group)
+        if out is None:
+            out = torch.empty(shape, dtype=x.dtype, device=x.device)
+        elif tuple(out.shape) != shape or out.dtype != x.dtype or out.device != x.device:
+            raise ValueError(f"out {tuple(out.shape)} {out.dtype} does not match x {shape} {x.dtype}")
         rows, cols = (shape[-2], shape[-1]) if len(shape) >= 2 else (1, shape[-1] if shape else 1)
-        mats = x.reshape(-1, rows, cols)
-        out = torch.empty(mats.shape, dtype=x.dtype, device=x.device)
+        lead = shape[:-2] if len(shape) >= 2 else (1,)
+        src, dst = (t[(None,) * (3 - t.dim())] if t.dim() < 2 else t for t in (x, out))  # views: [1, 1, cols]
         step = max(CHUNK_ROWS_MULTIPLE, (CHUNK_ELEMENTS // max(cols, 1)) // CHUNK_ROWS_MULTIPLE * CHUNK_ROWS_MULTIPLE)
-        for m in range(mats.shape[0]):
-            ctx = self.matrix_context(mats[m])
+        for idx in itertools.product(*map(range, lead)):  # views, never a reshape copy of a strided x
+            s_m, d_m = src[idx], dst[idx]
+            ctx = self.matrix_context(s_m)
             for i in range(0, rows, step):
-                piece = mats[m, i : i + step]
+                piece = s_m[i : i + step]
                 check_finite(piece, f"format {self.name}")
-                out[m, i : i + step] = self._qdq(piece.float(), r, g, tuple(piece.shape), x.dtype, **ctx)
-        return out.reshape(shape)
+                d_m[i : i + step] = self._qdq(piece.float(), r, g, tuple(piece.shape), x.dtype, **ctx)
+        return out
 
     def _qdq(self, x2: torch.Tensor, recipe: str, group: int, shape: tuple, dtype: torch.dtype, **ctx) -> torch.Tensor:
         """Quantize-dequantize one chunk. Formats may override it with a shortcut that skips packing the

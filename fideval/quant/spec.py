@@ -130,11 +130,15 @@ class CompiledSpec:
     def is_identity(self) -> bool:
         return not self.modules
 
-    def weight_transform(self, module_class: str, name: str, tensor: torch.Tensor) -> torch.Tensor:
-        """Quantize-dequantize one materialised tensor; identity (the same object) when not quantized."""
+    def weight_transform(self, module_class: str, name: str, tensor: torch.Tensor,
+                         out: torch.Tensor | None = None) -> torch.Tensor:
+        """Quantize-dequantize one materialised tensor; identity (the same object) when not quantized.
+
+        ``out`` (``tensor`` itself allowed): where the result goes; the runner passes the tensor it owns, so a
+        fused expert tensor is quantized in place, with no second copy of it on the device."""
         m = self.modules.get(module_class)
         if m is None or not is_quantized_tensor(name, tensor.shape, tensor.is_floating_point()):
-            return tensor
+            return tensor if out is None or out is tensor else out.copy_(tensor)
         from fideval.quant.base import get_format
 
         try:
@@ -144,10 +148,10 @@ class CompiledSpec:
 
                 w = self.imatrix(name, tuple(tensor.shape))
                 kind = m.format.removeprefix("gguf_")
-                if kind in NMAX:
-                    return legacy_imatrix_quant_dequant(tensor, kind, w)
-                return gguf_k_quant_dequant(tensor, m.format, w)
-            return get_format(m.format).quant_dequant(tensor, m.recipe, m.group)
+                y = (legacy_imatrix_quant_dequant(tensor, kind, w) if kind in NMAX
+                     else gguf_k_quant_dequant(tensor, m.format, w))
+                return y if out is None else out.copy_(y)
+            return get_format(m.format).quant_dequant(tensor, m.recipe, m.group, out=out)
         except FidevalError as e:
             raise FidevalError(f"{name} ({module_class}): {e.message}", hint=e.hint) from None
 
