@@ -24,6 +24,7 @@ LAYER_TYPES = {
     "qwen3_next": {"linear_attention", "full_attention"}, "minimax": {"linear_attention", "full_attention"},
     "deepseek_v32": {"indexed_attention"},
 }
+RENAMED = {"indexed_attention": "deepseek_sparse_attention"}  # transformers 5.17's name for DeepSeek-V3.2's layers
 
 
 def _build(name, folder, **kw):
@@ -64,7 +65,8 @@ def test_float32_parity(built, name):
     folder, toks, ref = built(name)
     runner = Runner(folder, RunnerOptions(micro_batch=2))
     kinds = {runner.adapter.layer_type(i) for i in range(runner.adapter.n_layers)}
-    assert LAYER_TYPES.get(name, {"full_attention"}) <= kinds
+    want = LAYER_TYPES.get(name, {"full_attention"})
+    assert want <= kinds or {RENAMED.get(t, t) for t in want} <= kinds, kinds
     out = dict(runner.run(toks))
     assert sorted(out) == [0, 1, 2]
     assert float(ref.abs().max()) > 1.0  # logits are not degenerate
@@ -260,16 +262,21 @@ def _cuda_reference(folder, toks, dtype):
 @pytest.mark.parametrize("name", NAMES)
 def test_cuda_parity_float32_and_bfloat16(built, name):
     """On the GPU, against transformers' own forward on the same GPU: float32 within 1e-5 (as on the CPU), and
-    the bf16 path within 4 bf16 ulps of the largest logit (our lm head is float32, transformers' is bf16)."""
+    the bf16 path within 4 bf16 ulps of the largest logit (our lm head is float32, transformers' is bf16).
+
+    The bound holds at the oracle's own batch (micro-batch 3: its three sequences in one call, the same GEMM
+    shapes). At micro-batch 2 a GPU's GEMMs round differently, as transformers' own do between a batch of 1 and of
+    3; there the bound is the larger of the above and twice transformers' own batch dependence, measured here
+    (qwen3_next float32 on an H100: 3.9e-5 at micro-batch 2, 0 at 3, transformers' own 3.8e-5; docs/runner.md)."""
     folder, toks, _ = built(name)
     seen = []  # both dtypes measured and printed before any assertion: a failure says by how much, in each
     for dtype, bound in ((torch.float32, lambda ref: 1e-5), (torch.bfloat16, lambda ref: 4 * 2.0**-8 * float(ref.abs().max()))):
         ref, alone = _cuda_reference(folder, toks, dtype)
         out = {k: v.cpu() for k, v in Runner(folder, RunnerOptions(device="cuda", micro_batch=2, dtype=dtype)).run(toks)}
         same = {k: v.cpu() for k, v in Runner(folder, RunnerOptions(device="cuda", micro_batch=3, dtype=dtype)).run(toks)}
-        d = _max_diff(out, ref)
-        print(f"{name} {dtype}: max |delta logit| {d:.3g} (bound {bound(ref):.3g}, largest logit {float(ref.abs().max()):.3g}); "
-              f"at the oracle's batch (micro-batch 3) {_max_diff(same, ref):.3g}; transformers alone vs batched "
-              f"{float((alone - ref).abs().max()):.3g}")
-        seen.append((str(dtype), d, bound(ref)))
-    assert all(d <= b for _, d, b in seen), (name, seen)
+        d, exact, own = _max_diff(out, ref), _max_diff(same, ref), float((alone - ref).abs().max())
+        print(f"{name} {dtype}: max |delta logit| at the oracle's batch (micro-batch 3) {exact:.3g} (bound {bound(ref):.3g}, "
+              f"largest logit {float(ref.abs().max()):.3g}); at micro-batch 2 {d:.3g} (bound {max(bound(ref), 2 * own):.3g}); "
+              f"transformers alone vs batched {own:.3g}")
+        seen.append((str(dtype), exact, bound(ref), d, max(bound(ref), 2 * own)))
+    assert all(e <= b and d <= b2 for _, e, b, d, b2 in seen), (name, seen)

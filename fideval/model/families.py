@@ -128,6 +128,7 @@ MASKS: dict[str, str | None] = {
     "sliding_attention": "create_sliding_window_causal_mask",
     "chunked_attention": "create_chunked_causal_mask",
     "indexed_attention": "create_causal_mask",
+    "deepseek_sparse_attention": "create_causal_mask",  # DeepSeek-V3.2's indexed layers as transformers 5.17 names them
     "linear_attention": None,
 }
 
