@@ -17,10 +17,14 @@ What it does, in one run:
 3. **Compute at size**: the runner with the settings the verbs pick (``fideval.model.sizing``) over
    ~1 M tokens per layer at 2,048 and 8,192 tokens a sequence, teacher and candidate (serving path), the
    logits consumed on the GPU (a 542 GB store per length cannot be written on a 64 GB disk): tokens/s,
-   whole-run model FLOP utilisation, the parts.
+   whole-run model FLOP utilisation, the same without the parts a run pays once whatever its tokens (the
+   canary's two SHA-256 digests of one sequence's logits on the host -- 12 s at 8,192 tokens -- the chunk's
+   setup, the kernels' warm-up), the parts. Each run is its own process; a failed one leaves its whole
+   stderr in ``<dir>/compute-<role>-<L>.err``.
 4. The extrapolation to the seed's evaluation (printed with its formula): 61 layers (DeepSeek-V3) or the
    seed model's own config (DeepSeek-V4.1-Flash, ``../shared/reference-code/deepseek-v4.1-flash/config.json``),
-   1,048,064 rows at 2,048 and 1,048,448 at 8,192, teacher + 2 candidate paths at each length.
+   1,048,064 rows at 2,048 and 1,048,448 at 8,192, teacher + 2 candidate paths at each length; the once-a-run
+   parts count once per pass, the rest per token scaled by FLOPs.
 Prints one table: figure | measured | ceiling or goal.
 """
 
@@ -324,8 +328,10 @@ def run_compute_child(work: Path, L: int, tokens: int, role: str) -> dict:
     res = subprocess.run([sys.executable, __file__, "--dir", str(work), "--tokens", str(tokens), "--one", f"{role}:{L}",
                           "--result", str(out)], capture_output=True, text=True)
     if res.returncode != 0 or not out.is_file():
+        err = work / f"compute-{role}-{L}.err"  # the whole traceback: the table keeps one line
+        err.write_text(res.stderr)
         lines = [ln for ln in res.stderr.strip().splitlines() if ln.strip()] or [f"exit status {res.returncode}"]
-        raise RuntimeError(lines[-1])
+        raise RuntimeError(f"{lines[-1]} (whole stderr: {err})")
     return json.loads(out.read_text())
 
 
@@ -340,6 +346,15 @@ def disk_rates(work: Path, gb: int = 4) -> dict:
         out[what] = gb * (1 << 30) / (time.perf_counter() - t0) / 1e9 if res.returncode == 0 else None
     f.unlink(missing_ok=True)
     return out
+
+
+# parts a run pays once, whatever its tokens: the canary's two digests of a sequence's logits (SHA-256 of
+# L x vocab x 4 B on the host), the chunk's setup, the experts' kernel warm-up
+ONCE = ("canary", "setup", "warmup")
+
+
+def fixed_s(profile: dict) -> float:
+    return sum(profile["parts"].get(k, 0.0) for k in ONCE)
 
 
 def extrapolate(compute: dict, verbs: dict | None, disk: dict, s: dict) -> list[tuple[str, str, str]]:
@@ -372,13 +387,14 @@ def extrapolate(compute: dict, verbs: dict | None, disk: dict, s: dict) -> list[
                 if c is None:
                     continue
                 p = c["profile"]
+                fixed = fixed_s(p)
                 head_s = p["parts"].get("head", 0.0) / c["tokens"]
-                layer_s = (p["wall_s"] - p["parts"].get("head", 0.0)) / c["tokens"]
+                layer_s = (p["wall_s"] - p["parts"].get("head", 0.0) - fixed) / c["tokens"]
                 # the rehearsal's layers and head, per token, scaled by the model's FLOPs per token against the
-                # rehearsal's (its 3 layers: 1 dense + 2 MoE at DeepSeek-V3 sizes)
+                # rehearsal's (its 3 layers: 1 dense + 2 MoE at DeepSeek-V3 sizes); the once-a-run parts as they are
                 fr = c["flops"]
                 layer_scale = f_layers / (fr["total"] - fr["head"])
-                passes[role] = T * (layer_s * layer_scale + head_s * f_head / fr["head"])
+                passes[role] = fixed + T * (layer_s * layer_scale + head_s * f_head / fr["head"])
             if len(passes) < 2:
                 continue
             store = rows_L * vocab * 4
@@ -396,8 +412,9 @@ def extrapolate(compute: dict, verbs: dict | None, disk: dict, s: dict) -> list[
                      f"{total['separate'] / 60:.0f} min ({'; '.join(terms)})", "<= 45 min"))
         rows.append((f"extrapolation {model}: if fused (not built: teacher and candidates through each layer together, no read-back)",
                      f"{total['fused'] / 60:.0f} min", "<= 45 min"))
-    rows.append(("extrapolation formula", "per length L: T = rows/(L-1) x L tokens; pass = T x (layer s/token x F_layers/F_layers,bench + "
-                 "head s/token x F_head/F_head,bench); separate = max(teacher, W/disk_read, S/disk_write) + 2 x (max(candidate, "
+    rows.append(("extrapolation formula", "per length L: T = rows/(L-1) x L tokens; pass = once-a-run parts (" + ", ".join(ONCE) +
+                 ") + T x (layer s/token x F_layers/F_layers,bench + head s/token x F_head/F_head,bench), layer s/token = (wall - "
+                 "head - once-a-run parts) / tokens; separate = max(teacher, W/disk_read, S/disk_write) + 2 x (max(candidate, "
                  "W/disk_read) + S/disk_read); fused = max(teacher + 2 candidate, W/disk_read, S/disk_write); S = rows x vocab x 4 B, "
                  "W = checkpoint bytes (from page cache at ~10 GB/s when < 100 GB)",
                  f"disk write {wr / 1e9:.2f} GB/s, read {rd / 1e9:.2f} GB/s"))
@@ -507,9 +524,14 @@ def main() -> None:
                 print(role, L, json.dumps(c, default=str), flush=True)
                 p = c["profile"]
                 util = p.get("flop_utilisation")
+                steady = (p["model_flops"] / (p["wall_s"] - fixed_s(p)) / (p["peak_tflops"] * 1e12)
+                          if util is not None and p["wall_s"] > fixed_s(p) else None)
                 rows += [(f"compute {role} L={L}: tokens/s, model FLOP utilisation",
                           f"{p['tokens_per_s']:,.0f}, {util:.1%}" if util is not None else f"{p['tokens_per_s']:,.0f}",
                           ">= 35 % of 989 TFLOP/s"),
+                         (f"compute {role} L={L}: model FLOP utilisation without the once-a-run parts",
+                          f"{steady:.1%} ({fixed_s(p):.1f} s of {', '.join(ONCE)} left out)" if steady is not None else "n/a",
+                          "what a pass over many more tokens tends to"),
                          (f"compute {role} L={L}: parts", parts_line(p) + f"; settings {c['settings']}; "
                           f"peak GPU {c['peak_gpu_gb']:.0f} GB; canary {c['canary']}", "other <= 5 %")]
         result["compute"] = compute
