@@ -28,9 +28,9 @@ def act_quant_e4m3(x: torch.Tensor, block: int = 128, scale: str = "fp32") -> to
     """Quantize-dequantize activations ``[..., C]`` to E4M3 with one scale per ``block`` channels.
 
     Returns a tensor of the input's shape and dtype. On CUDA with Triton, one kernel computes it
-    (:mod:`fideval.quant.act_kernel`, the same bits). Otherwise it works on chunks of whole rows (``CHUNK_ELEMENTS``), so the
-    float32 temporaries stay bounded whatever the size of ``x``; the blocks never span rows, so the result is the
-    same bits as one pass over the whole tensor."""
+    (:mod:`fideval.quant.act_kernel`, the same bits). Otherwise it works on chunks of whole rows
+    (``CHUNK_ELEMENTS``), so the float32 temporaries stay bounded whatever the size of ``x``; the blocks never
+    span rows, so the result is the same bits as one pass over the whole tensor."""
     if scale not in ("fp32", "ue8m0"):
         raise FidevalError(f"activation scale {scale!r} is not known", hint="use fp32 or ue8m0")
     if block <= 0:
