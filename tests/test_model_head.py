@@ -78,6 +78,18 @@ def test_auto_takes_bf16_only_for_a_bfloat16_exact_head(tmp_path, monkeypatch):
         Runner(folder, RunnerOptions(dtype=torch.bfloat16, weight_transform=nudge, head="bf16"))
 
 
+def test_a_head_stored_in_bfloat16_is_not_read_to_choose(tmp_path, monkeypatch):
+    """Stored bf16 and no weight transform: exact from the header, no read of the head (vocab x hidden) at start."""
+    _pretend_gpu(monkeypatch)
+    folder = _bf16_model("qwen3", tmp_path / "m")
+
+    def read_head(self):
+        raise AssertionError("the head was read to choose its mode")
+
+    monkeypatch.setattr(Runner, "_head_weights", read_head)
+    assert Runner(folder, RunnerOptions(dtype=torch.bfloat16)).head_mode == "bf16"
+
+
 def test_a_float32_checkpoint_head_is_not_exact(tmp_path, monkeypatch):
     _pretend_gpu(monkeypatch)
     folder = mf.build("llama", tmp_path / "m")  # float32 values: the bf16 head would round them

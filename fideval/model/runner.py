@@ -215,10 +215,14 @@ class Runner(LayerMajor):
             return "float32"
         why = head_math.unusable(self.device, self.dtype, self.act_transform)
         if why is None:
-            w, norm = self._head_weights()
-            if not head_math.exact(w):
+            keys, H = self.adapter.top_keys(), int(self.adapter.config.hidden_size)
+            if self.options.weight_transform is None and self.ckpt.info(keys["lm_head"]).dtype == torch.bfloat16:
+                w, norm = None, self.adapter.final_norm(self._read(keys["norm"], self.dtype))  # stored bf16: exact
+            else:  # a transform (or another stored dtype) decides by the values: the head read once here
+                w, norm = self._head_weights()
+            if w is not None and not head_math.exact(w):
                 why = "its weights (after the candidate's transform) are not bfloat16 values"
-            elif norm(torch.zeros((1, w.shape[1]), dtype=self.dtype, device=self.device)).dtype != torch.bfloat16:
+            elif norm(torch.zeros((1, H), dtype=self.dtype, device=self.device)).dtype != torch.bfloat16:
                 why = "the final norm does not return bfloat16"
             if self.device.type == "cuda":
                 torch.cuda.synchronize(self.device)  # the pinned staging of the read is done with

@@ -19,6 +19,9 @@ from __future__ import annotations
 
 import torch
 
+from fideval.quant.activations import AMAX_FLOOR  # the torch version's own constants
+from fideval.quant.elements import E4M3
+
 try:  # optional: the CPU machine and CI may lack it; act_quant_e4m3 then runs its torch version
     import triton
     import triton.language as tl
@@ -26,8 +29,7 @@ except ImportError:  # pragma: no cover - depends on the machine
     triton = None
     tl = None
 
-AMAX_FLOOR = 1e-4
-E4M3_MAX = 448.0
+E4M3_MAX = E4M3.max
 BLOCKS_PER_PROGRAM = 8
 ROUNDER = 12582912.0  # 1.5 x 2^23: adding and subtracting it rounds a float32 below 2^22 to an integer, half to even
 

@@ -80,7 +80,7 @@ def teacher_sequences(teacher: Any):
 
 
 def teacher_settings(cfg: Any, teacher: Any, files: Any) -> dict[str, Any]:
-    """``{dtype, micro_batch, mlp_tokens, chunk_bytes}`` the teacher ran with (its manifest's ``teacher`` block),
+    """``{dtype, micro_batch, mlp_tokens, chunk_bytes, lm_head}`` the teacher ran with (its manifest's ``teacher`` block),
     after checking that the config and the model folder agree with the store: a key the config sets to another
     value, another model id, revision or tokenizer is a one-line error. A key the config leaves out (or sets to
     ``auto``) follows the manifest; a ``teacher`` block without ``mlp_tokens``/``chunk_bytes`` (older stores)
@@ -97,21 +97,17 @@ def teacher_settings(cfg: Any, teacher: Any, files: Any) -> dict[str, Any]:
                            f"{ran.get('implementation', 'transformers')!r}",
                            hint="score candidates in the implementation the teacher ran in (their logits are comparable only then)")
     out = {}
-    for key in ("dtype", *RECORDED):
+    for key in ("dtype", *RECORDED, "lm_head"):
         mine = getattr(cfg.teacher, key)
-        known = key in ran or (bool(ran) and key not in ("dtype", "micro_batch"))
+        known = key in ran or (bool(ran) and key in ("mlp_tokens", "chunk_bytes"))
         theirs = ran.get(key)
         if known and key in cfg.teacher.model_fields_set and mine != AUTO and mine != theirs:
             raise FidevalError(f"config teacher.{key} is {mine!r} but {where} was made with {key} {theirs!r}",
                                hint=f"set teacher.{key}: {theirs} (or drop it), or rerun the teacher with the config")
         out[key] = theirs if known else mine
-    theirs, mine = ran.get("lm_head"), cfg.teacher.lm_head
-    if theirs is not None and "lm_head" in cfg.teacher.model_fields_set and mine not in (AUTO, theirs):
-        raise FidevalError(f"config teacher.lm_head is {mine!r} but {where} was made with lm_head {theirs!r}",
-                           hint=f"set teacher.lm_head: {theirs} (or drop it), or rerun the teacher with the config")
     # the teacher's head arithmetic where the candidate's head allows it (a quantized head that is not bfloat16-exact
     # computes in float32 under a bf16 teacher, and score.json records it); a store that records none: the config's
-    out["lm_head"] = {"bf16": AUTO, "float32": "float32"}.get(theirs, mine)
+    out["lm_head"] = {"bf16": AUTO, "float32": "float32"}.get(ran.get("lm_head"), out["lm_head"])
     tok = Path(files.folder) / "tokenizer.json"
     checks = [("model id", cfg.model.id, meta.get("model_id")), ("model revision", files.revision, meta.get("model_revision")),
               ("tokenizer SHA-256", sha256_file(tok) if tok.is_file() else None, meta.get("tokenizer_sha256"))]
