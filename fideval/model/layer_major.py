@@ -52,10 +52,21 @@ class LayerMajor:
         if self.canary is not None:
             self.canary["seq_id"] = sequences.ids[self.canary.pop("row")]
 
+    n_models = 1  # fideval.model.lockstep: several models through each chunk together
+
     def run(self, tokens: np.ndarray, rows: list[int] | None = None, canary: bool = True, emit: set[int] | None = None,
             canary_start: Callable[[], str | None] | None = None) -> Iterator[tuple[int, torch.Tensor]]:
         """Layer-major forward of ``tokens[rows]`` (int [n, L]); yields ``(row, logits float32 [L, V])`` for the
         rows in ``emit`` (None: all), computing only the chunks that hold one (see :meth:`iter_logits`)."""
+        for _, row, logits in self.run_models(tokens, rows, canary, emit, [canary_start]):
+            yield row, logits
+        self.canary = self.canaries[0]
+
+    def run_models(self, tokens: np.ndarray, rows: list[int] | None = None, canary: bool = True,
+                   emit: set[int] | None = None, canary_start: list | None = None
+                   ) -> Iterator[tuple[int, int, torch.Tensor]]:
+        """:meth:`run` for every model (``n_models``): ``(model, row, logits)``; each model's canary verdict in
+        ``canaries`` (``canary_start[k]``: model k's stored first pass, as :meth:`iter_logits` says)."""
         if tokens.ndim != 2:
             raise ValueError("tokens must be [n, L]")
         rows = list(range(tokens.shape[0])) if rows is None else list(rows)
@@ -64,6 +75,7 @@ class LayerMajor:
             raise FidevalError(f"token id {bad} is outside the model's vocabulary of {self.vocab_size}",
                                hint="the windows were tokenized with another tokenizer than this model's")
         self.canary = None
+        self.canaries = [None] * self.n_models
         if not rows:
             return
         tl = self.timeline
@@ -72,33 +84,41 @@ class LayerMajor:
         per_seq = L * H * torch.empty((), dtype=self.dtype).element_size()
         per_chunk = max(m, (self.host_budget // max(per_seq, 1)) // m * m)
         chunks = [rows[a:a + per_chunk] for a in range(0, len(rows), per_chunk)]
-        check = hooks.Canary(rows[:m] if canary else [])
+        checks = [hooks.Canary(rows[:m] if canary else []) for _ in range(self.n_models)]
         todo = [ci for ci, chunk in enumerate(chunks) if emit is None or not emit.isdisjoint(chunk)]
-        if check.rows and todo and todo[0] != 0 and todo[-1] == len(chunks) - 1:
-            check.start = canary_start() if canary_start is not None else None  # the first pass is not recomputed
+        if checks[0].rows and todo and todo[0] != 0 and todo[-1] == len(chunks) - 1:
+            for check, start in zip(checks, canary_start or []):  # the first pass is not recomputed
+                check.start = start() if start is not None else None
         t0 = time.perf_counter()
         for ci in todo:
             chunk = chunks[ci]
             mbs = [chunk[a:a + m] for a in range(0, len(chunk), m)]
-            extra = ci == len(chunks) - 1 and bool(check.rows)
+            extra = ci == len(chunks) - 1 and bool(checks[0].rows)
             if extra:
-                mbs.append(check.rows)
+                mbs.append(checks[0].rows)
             # the canary's micro-batch is its own MoE block both times: block composition changes GEMM shapes, hence bits
             solo = {0, len(mbs) - 1} if extra or ci == 0 else set()
-            for j, row, logits in self._chunk(tokens, mbs, ci, solo, len(mbs) - 1 if extra else None):
+            for k, j, row, logits in self._chunk_models(tokens, mbs, ci, solo, len(mbs) - 1 if extra else None):
                 if extra and j == len(mbs) - 1:
                     with tl.part("canary"):
-                        check.last(row, logits)
+                        checks[k].last(row, logits)
                     continue
                 if ci == 0 and j == 0:
                     with tl.part("canary"):  # the digest of the first pass
-                        check.first(row, logits)
+                        checks[k].first(row, logits)
                 if emit is not None and row not in emit:
                     continue  # computed for the composition only (a resumed run's finished sequence)
-                self.stats["tokens"] += L
-                yield row, logits
-        self.canary = check.verdict
+                if k == 0:
+                    self.stats["tokens"] += L
+                yield k, row, logits
+        self.canaries = [c.verdict for c in checks]
+        self.canary = self.canaries[0]
         self.stats["wall_s"] += time.perf_counter() - t0
         if tl.on and not tl.cuda:  # free on a CPU; on a GPU finish_profile() synchronizes once
             self.finish_profile()
 
+    def _chunk_models(self, tokens: np.ndarray, mbs: list[list[int]], ci: int, solo: set[int], canary: int | None
+                      ) -> Iterator[tuple[int, int, int, torch.Tensor]]:
+        """``(model, micro-batch, row, logits)`` of one chunk: this one model's :meth:`_chunk`."""
+        for j, row, logits in self._chunk(tokens, mbs, ci, solo, canary):
+            yield 0, j, row, logits

@@ -19,7 +19,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterator
 from contextlib import nullcontext
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
@@ -77,6 +77,21 @@ class RunnerOptions:
     trust_remote_code: bool = False
     reference: dict | None = None
     head: str = "auto"
+
+
+@dataclass
+class _Chunk:
+    """One chunk's state between the steps of :class:`Runner` (per model under fideval.model.lockstep)."""
+
+    tokens: np.ndarray
+    mbs: list[list[int]]
+    solo: set[int]
+    canary: int | None
+    on_dev: bool
+    states: list = field(default_factory=list)
+    masks: dict = field(default_factory=dict)
+    pos: torch.Tensor | None = None
+    pes: dict | None = None
 
 
 class Runner(LayerMajor):
@@ -245,103 +260,123 @@ class Runner(LayerMajor):
     def _chunk(self, tokens: np.ndarray, mbs: list[list[int]], ci: int, solo: set[int] = frozenset(),
                canary: int | None = None) -> Iterator[tuple[int, int, torch.Tensor]]:
         """One chunk, layer by layer; ``canary``: the index of the canary's micro-batch in ``mbs`` (its time is
-        the timeline's ``canary`` part). No timeline part is open across a ``yield``."""
-        dev, L, tl = self.device, tokens.shape[1], self.timeline
+        the timeline's ``canary`` part). No timeline part is open across a ``yield``. The steps (:meth:`begin`,
+        :meth:`embed_step`, :meth:`layer_step`, :meth:`head_step`) are also what fideval.model.lockstep drives
+        for several models from one read of each layer."""
         n_layers = self.adapter.n_layers
         units = [(ci, "embed")] + [(ci, i) for i in range(n_layers)] + [(ci, "head")]
         self.stats["chunks"] += 1
-        with tl.part("setup"):
+        with self.timeline.part("setup"):
             pf = Prefetch(units, self._load, 1 if self.options.prefetch else 0, self.stats)
-        H = int(self.adapter.config.hidden_size)
-        n_tok = sum(len(mb) for mb in mbs) * L
-        on_dev = dev.type == "cpu" or n_tok * H * torch.empty((), dtype=self.dtype).element_size() <= (self.device_budget or 0)
-
-        def mb_part(j: int):
-            return tl.part("canary", sticky=True) if j == canary else nullcontext()
 
         def get():
-            with tl.part("load_wait"):  # on a GPU: only the time the stream idled for want of the weights
+            with self.timeline.part("load_wait"):  # on a GPU: only the time the stream idled for want of the weights
                 return pf.get()
 
         try:
             with torch.no_grad(), self._attn_backends():
-                if not self._warmed:  # once per runner, while the prefetch thread loads the first units
-                    self._warmed = True
-                    if self.experts and self._lean_path() and dev.type == "cuda":
-                        with tl.part("warmup"):
-                            hooks.warm_experts(self.adapter.config, self.device, self.dtype, self.stats)
-                emb = get()
-                states: list[torch.Tensor | None] = []
-                for j, mb in enumerate(mbs):
-                    with mb_part(j), tl.part("embed"):
-                        ids = torch.from_numpy(np.ascontiguousarray(tokens[mb], dtype=np.int64)).to(dev)
-                        h = self.adapter.embed(emb(ids))
-                        states.append(h if on_dev else h.to("cpu").pin_memory())
-                del emb
+                self.warm()
+                c = self.begin(tokens, mbs, solo, canary)
+                self.embed_step(c, get())
                 pf.release()
-                with tl.part("setup"):
-                    pos = torch.arange(L, device=dev).unsqueeze(0)
-                    sample = torch.empty((1, L, H), dtype=self.dtype, device=dev)
-                    pes = self.adapter.position_embeddings(sample, pos)  # by layer type
-                masks: dict[int, dict] = {}
                 for i in range(n_layers):
-                    layer = get()
-                    with tl.part("setup"):
-                        if self.side is not None:
-                            for t in list(layer.parameters()) + list(layer.buffers()):
-                                t.record_stream(torch.cuda.current_stream(dev))
-                        kind = self.adapter.layer_type(i)
-                        phased = self.blocks is not None and self.adapter.family.halves and self.blocks.splits(layer)
-                        if tl.on and not phased:  # the layer's own forward: its attention and MLP calls are parts
-                            mlp = getattr(layer, "mlp", None)
-                            if hasattr(layer, "self_attn"):
-                                profile.module_parts(layer.self_attn, tl, "attention")
-                            if mlp is not None:
-                                profile.module_parts(mlp, tl, "moe" if hasattr(mlp, "experts") else "dense_mlp")
-                    for j, h in enumerate(states):
-                        with mb_part(j):
-                            with tl.part("states"):
-                                x = h if on_dev else h.to(dev, non_blocking=True)
-                            if x.shape[0] not in masks:
-                                with tl.part("setup"):
-                                    masks[x.shape[0]] = self.adapter.masks(x, pos)
-                            if phased:
-                                y = self.blocks.attention_half(layer, x, masks[x.shape[0]][kind], pos, pes[kind])
-                            else:
-                                with tl.part("norms"):  # what the attention and MLP parts leave: norms, residual adds
-                                    y = layer(x, attention_mask=masks[x.shape[0]][kind], position_ids=pos, position_embeddings=pes[kind])
-                            with tl.part("states"):
-                                if on_dev:
-                                    states[j] = y
-                                else:
-                                    h.copy_(y)
-                                del x, y
-                    if phased:
-                        self.blocks.mlp_half(layer, states, on_dev, solo, canary)
-                    del layer
+                    self.layer_step(c, i, get())
                     pf.release()
                 head = get()
                 for j, mb in enumerate(mbs):
-                    with mb_part(j):
-                        with tl.part("states"):
-                            x = states[j] if on_dev else states[j].to(dev, non_blocking=True)
-                            states[j] = None
-                        with tl.part("head"):
-                            x = head.norm(x)
-                            x = x if self.head_mode == "bf16" else x.to(torch.float32)
-                            fn = self.act_transform.get("lm_head")
-                            if fn is not None:
-                                x = fn(x)
-                            logits = head.lm_head(x)
-                            if self.world > 1:
-                                logits = parallel.gather_vocab(logits, self.vocab_bounds, self.group)
-                            logits = self.adapter.finish_logits(logits)
+                    logits = self.head_step(c, head, j)
                     for r, row in enumerate(mb):
                         yield j, row, logits[r]
                 del head
                 pf.release()
         finally:
             pf.close()
+
+    # -- one chunk in steps --------------------------------------------------------------------------------
+    def warm(self) -> None:
+        """Once per runner, while the prefetch thread loads the first units: the expert kernels' warm-up."""
+        if not self._warmed:
+            self._warmed = True
+            if self.experts and self._lean_path() and self.device.type == "cuda":
+                with self.timeline.part("warmup"):
+                    hooks.warm_experts(self.adapter.config, self.device, self.dtype, self.stats)
+
+    def begin(self, tokens: np.ndarray, mbs: list[list[int]], solo: set[int] = frozenset(),
+              canary: int | None = None) -> _Chunk:
+        """A chunk's state: its micro-batches' hidden states (on the GPU when they fit ``device_budget``)."""
+        L, H = tokens.shape[1], self.hidden_size
+        n_tok = sum(len(mb) for mb in mbs) * L
+        on_dev = self.device.type == "cpu" or n_tok * H * torch.empty((), dtype=self.dtype).element_size() <= (self.device_budget or 0)
+        return _Chunk(tokens, mbs, set(solo), canary, on_dev)
+
+    def _mb_part(self, c: _Chunk, j: int):
+        return self.timeline.part("canary", sticky=True) if j == c.canary else nullcontext()
+
+    def embed_step(self, c: _Chunk, emb: torch.nn.Module) -> None:
+        dev, tl, L, H = self.device, self.timeline, c.tokens.shape[1], self.hidden_size
+        for j, mb in enumerate(c.mbs):
+            with self._mb_part(c, j), tl.part("embed"):
+                ids = torch.from_numpy(np.ascontiguousarray(c.tokens[mb], dtype=np.int64)).to(dev)
+                h = self.adapter.embed(emb(ids))
+                c.states.append(h if c.on_dev else h.to("cpu").pin_memory())
+        with tl.part("setup"):
+            c.pos = torch.arange(L, device=dev).unsqueeze(0)
+            sample = torch.empty((1, L, H), dtype=self.dtype, device=dev)
+            c.pes = self.adapter.position_embeddings(sample, c.pos)  # by layer type
+
+    def layer_step(self, c: _Chunk, i: int, layer: torch.nn.Module) -> None:
+        """Layer ``i`` over every micro-batch of the chunk (its MLP in token blocks in the throughput mode)."""
+        dev, tl, pos = self.device, self.timeline, c.pos
+        with tl.part("setup"):
+            if self.side is not None:
+                for t in list(layer.parameters()) + list(layer.buffers()):
+                    t.record_stream(torch.cuda.current_stream(dev))
+            kind = self.adapter.layer_type(i)
+            phased = self.blocks is not None and self.adapter.family.halves and self.blocks.splits(layer)
+            if tl.on and not phased:  # the layer's own forward: its attention and MLP calls are parts
+                mlp = getattr(layer, "mlp", None)
+                if hasattr(layer, "self_attn"):
+                    profile.module_parts(layer.self_attn, tl, "attention")
+                if mlp is not None:
+                    profile.module_parts(mlp, tl, "moe" if hasattr(mlp, "experts") else "dense_mlp")
+        for j, h in enumerate(c.states):
+            with self._mb_part(c, j):
+                with tl.part("states"):
+                    x = h if c.on_dev else h.to(dev, non_blocking=True)
+                if x.shape[0] not in c.masks:
+                    with tl.part("setup"):
+                        c.masks[x.shape[0]] = self.adapter.masks(x, pos)
+                if phased:
+                    y = self.blocks.attention_half(layer, x, c.masks[x.shape[0]][kind], pos, c.pes[kind])
+                else:
+                    with tl.part("norms"):  # what the attention and MLP parts leave: norms, residual adds
+                        y = layer(x, attention_mask=c.masks[x.shape[0]][kind], position_ids=pos, position_embeddings=c.pes[kind])
+                with tl.part("states"):
+                    if c.on_dev:
+                        c.states[j] = y
+                    else:
+                        h.copy_(y)
+                    del x, y
+        if phased:
+            self.blocks.mlp_half(layer, c.states, c.on_dev, c.solo, c.canary)
+
+    def head_step(self, c: _Chunk, head: torch.nn.Module, j: int) -> torch.Tensor:
+        """Micro-batch ``j``'s float32 logits ``[m, L, V]``; its hidden state is dropped."""
+        tl = self.timeline
+        with self._mb_part(c, j):
+            with tl.part("states"):
+                x = c.states[j] if c.on_dev else c.states[j].to(self.device, non_blocking=True)
+                c.states[j] = None
+            with tl.part("head"):
+                x = head.norm(x)
+                x = x if self.head_mode == "bf16" else x.to(torch.float32)
+                fn = self.act_transform.get("lm_head")
+                if fn is not None:
+                    x = fn(x)
+                logits = head.lm_head(x)
+                if self.world > 1:
+                    logits = parallel.gather_vocab(logits, self.vocab_bounds, self.group)
+                return self.adapter.finish_logits(logits)
 
     def _lean_path(self) -> bool:
         """Whether routed experts modules take fideval.model.experts (those it supports): one rank, grouped_mm."""

@@ -1,0 +1,149 @@
+"""Several models of one checkpoint through each chunk together: the fused pass (teacher and candidates).
+
+Why: a separate candidate pass reads every layer's weights from disk again, and reads the teacher's whole store
+back (DeepSeek-V4.1-Flash: 24 of an extrapolated 46 minutes, docs/runner.md "Run settings and accounting").
+Here the teacher and every emulated candidate advance through each layer together: layer ``i``'s tensors are
+read once (onto the device, as :meth:`Adapter.read_layer` reads them), and each model materialises its own copy
+from them -- an FP8 release is dequantized per model (a new tensor), a stored tensor is cloned for a model whose
+weight transform writes in place -- so at most two materialised units and one read exist at a time, as in a
+separate pass. The units run in one fixed order, ``(layer, model)``; each model keeps its own hidden states
+under the same chunks, micro-batches and MLP blocks as its separate pass, and computes with its own
+:class:`~fideval.model.runner.Runner` steps, so every model's logits are bit-identical to its separate pass.
+
+At the head the models take turns per micro-batch (the teacher first): a consumer scores each candidate's rows
+against the teacher's rows of the same micro-batch while both are on the device (fideval.score.fused).
+
+Refused (one line): the reference code (its own loading), model parallel, a candidate with its own weights (a
+real build reads other files), and models whose bit-shaping settings differ.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from contextlib import nullcontext
+
+import numpy as np
+import torch
+
+from fideval.errors import FidevalError
+from fideval.model import hooks
+from fideval.model.layer_major import LayerMajor
+from fideval.model.prefetch import Prefetch
+from fideval.model.runner import Runner
+
+SHAPING = ("dtype", "micro_batch", "host_budget", "device")  # what every model of a fused pass must share
+
+
+class Lockstep(LayerMajor):
+    """``Lockstep([teacher_runner, candidate_runner, ...])``; :meth:`run_models` yields ``(model, row, logits)``:
+    per micro-batch the teacher's rows, then each candidate's. The first runner's stats and timeline are the
+    pass's (give every runner the same timeline)."""
+
+    def __init__(self, runners: list[Runner]):
+        if not runners:
+            raise ValueError("no runners")
+        first = runners[0]
+        for r in runners:
+            if not isinstance(r, Runner):
+                raise FidevalError("the fused pass runs the transformers runner only",
+                                   hint="run the teacher and candidates separately with model.implementation: reference")
+            if r.world > 1:
+                raise FidevalError("the fused pass runs on one GPU (no model parallel)",
+                                   hint="run the teacher and candidates separately under torchrun")
+            if r.ckpt.dir != first.ckpt.dir or type(r.ckpt) is not type(first.ckpt):
+                raise FidevalError(f"the fused pass needs every model on the reference weights ({first.ckpt.dir}); "
+                                   f"one reads {r.ckpt.dir}", hint="score a real quantized build in its own pass")
+            for key in SHAPING:
+                if getattr(r, key) != getattr(first, key):
+                    raise FidevalError(f"the fused pass needs one {key} for every model ({getattr(first, key)} vs "
+                                       f"{getattr(r, key)})", hint="give the candidates the teacher's settings")
+            if (r.options.mlp_tokens, r.adapter.arch) != (first.options.mlp_tokens, first.adapter.arch):
+                raise FidevalError("the fused pass needs one architecture and MLP token block for every model")
+            if r.timeline is not first.timeline:
+                raise ValueError("the runners of a fused pass share one timeline")
+        self.runners = runners
+        self.n_models = len(runners)
+        self.timeline, self.stats = first.timeline, first.stats
+        self.vocab_size, self.hidden_size = first.vocab_size, first.hidden_size
+        self.dtype, self.micro_batch, self.host_budget = first.dtype, first.micro_batch, first.host_budget
+        self.device, self.side = first.device, first.side
+        self._raw: dict[tuple, dict] = {}
+
+    def finish_profile(self) -> dict:
+        return self.runners[0].finish_profile()
+
+    # -- loading (the prefetch thread) ------------------------------------------------------------------------
+    def _load(self, key: tuple) -> torch.nn.Module:
+        """Unit ``(chunk, "embed" | layer | "head", model)``: a layer's tensors are read for its first model and
+        dropped after its last one has materialised them."""
+        ci, unit, k = key
+        r = self.runners[k]
+        with torch.cuda.stream(self.side) if self.side is not None else nullcontext():
+            if unit == "embed":
+                mod = r._load_embed()
+            elif unit == "head":
+                mod = r._load_head()
+            else:
+                i = int(unit)
+                if (ci, i) not in self._raw:
+                    self._raw = {(ci, i): r.adapter.read_layer(i, r.adapter.meta_layer(i, r.dtype), None,
+                                                               pin=self.device.type == "cuda", device=self.device,
+                                                               side_stream=self.side)}
+                raw = self._raw[(ci, i)] if k < self.n_models - 1 else self._raw.pop((ci, i))
+                # a plain tensor is the model's own weight once cast to its dtype; a transform writes into it
+                own = r.options.weight_transform is not None
+                tensors = {n: t.clone() if own and isinstance(t, torch.Tensor) else t for n, t in raw.items()}
+                del raw
+                layer = r.adapter.meta_layer(i, r.dtype)
+                mod = r.adapter.materialize(i, layer, tensors, r.dtype, None, r.options.weight_transform)
+                del tensors
+                hooks.install(mod, i, r.act_transform, None, 1, None, r._lean_path())
+            mod.requires_grad_(False)
+            if self.side is not None:
+                ev = torch.cuda.Event()
+                ev.record(self.side)
+                ev.synchronize()
+        r.ledger.track(key, mod)
+        return mod
+
+    # -- one chunk, every model --------------------------------------------------------------------------------
+    def _chunk_models(self, tokens: np.ndarray, mbs: list[list[int]], ci: int, solo: set[int], canary: int | None
+                      ) -> Iterator[tuple[int, int, int, torch.Tensor]]:
+        n_layers, K = self.runners[0].adapter.n_layers, self.n_models
+        units = ([(ci, "embed", k) for k in range(K)] + [(ci, i, k) for i in range(n_layers) for k in range(K)]
+                 + [(ci, "head", k) for k in range(K)])
+        self.stats["chunks"] += 1
+        tl = self.timeline
+        with tl.part("setup"):
+            pf = Prefetch(units, self._load, 1 if self.runners[0].options.prefetch else 0, self.stats)
+
+        def get():
+            with tl.part("load_wait"):
+                return pf.get()
+
+        try:
+            with torch.no_grad(), self.runners[0]._attn_backends():
+                for r in self.runners:
+                    r.warm()
+                cs = [r.begin(tokens, mbs, solo, canary) for r in self.runners]
+                for r, c in zip(self.runners, cs):
+                    r.embed_step(c, get())
+                    pf.release()
+                for i in range(n_layers):
+                    for r, c in zip(self.runners, cs):
+                        r.layer_step(c, i, get())
+                        pf.release()
+                heads = []
+                for _ in range(K):  # every head resident: the candidates' rows meet the teacher's per micro-batch
+                    heads.append(get())
+                    pf.release()  # the prefetch bound counts layers; heads are at most K units, after the last layer
+                for j, mb in enumerate(mbs):
+                    for k, (r, c, head) in enumerate(zip(self.runners, cs, heads)):
+                        logits = r.head_step(c, head, j)
+                        for q, row in enumerate(mb):
+                            yield k, j, row, logits[q]
+                        del logits
+                del heads
+        finally:
+            pf.close()
+            self._raw.clear()

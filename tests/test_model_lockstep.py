@@ -1,0 +1,89 @@
+"""The fused pass's runner (fideval.model.lockstep): several models through each chunk from one read of every
+layer, each model's logits bit-identical to its own separate pass (the oracle: :class:`Runner` alone)."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+
+from fideval.errors import FidevalError
+from fideval.model.determinism import digest
+from fideval.model.lockstep import Lockstep
+from fideval.model.profile import Timeline
+from fideval.model.runner import Runner, RunnerOptions
+from tests import fp8_fixtures as f8
+
+SPECS = ({"routed_experts": "mxfp4"}, {"routed_experts": "nvfp4", "attention": "fp8_block", "lm_head": "mxfp4"})
+
+
+def _options(spec, serving: bool, **kw):
+    if spec is None:
+        return RunnerOptions(**kw)
+    from fideval.quant.spec import compile_spec
+
+    s = compile_spec(spec)
+    return RunnerOptions(weight_transform=s.weight_transform, act_transform=s.act_transform if serving else None, **kw)
+
+
+def _separate(folder, spec, serving, toks, **kw):
+    r = Runner(folder, _options(spec, serving, **kw))
+    return {k: digest(v) for k, v in r.run(toks)}, r.canary
+
+
+@pytest.mark.parametrize("kw", [dict(micro_batch=1), dict(micro_batch=2, mlp_tokens=24, host_budget_bytes=4 * 12 * 256 * 4)],
+                         ids=["plain", "blocks-chunks"])
+def test_every_model_gets_its_separate_pass_bits(tmp_path, kw):
+    """Teacher (FP8 release dequantized) and two emulated candidates (serving and weights-only) in lockstep on
+    the tiny FP8 DeepSeek-V3: every model's logits equal its own Runner's, the canary of each model holds, and each
+    layer is read once per chunk (not once per model)."""
+    folder = f8.build("deepseek_v3", "aligned", tmp_path / "fp8")
+    toks = np.random.default_rng(3).integers(0, f8.V, size=(6, 12)).astype(np.int32)
+    models = [(None, False), (SPECS[0], True), (SPECS[1], False)]
+    tl = Timeline(on=False)
+    runners = [Runner(folder, _options(s, sv, **kw), timeline=tl) for s, sv in models]
+    reads = []
+    real_read = runners[0].adapter.read_layer
+
+    def counting(i, *a, **k):
+        reads.append(i)
+        return real_read(i, *a, **k)
+
+    runners[0].adapter.read_layer = counting
+    for r in runners[1:]:
+        r.adapter.read_layer = lambda *a, **k: pytest.fail("a candidate read a layer itself")
+    fused: list[dict] = [{} for _ in models]
+    order = []
+    for k, row, logits in Lockstep(runners).run_models(toks):
+        fused[k][row] = digest(logits)
+        order.append((k, row))
+    for k, (spec, serving) in enumerate(models):
+        alone, canary = _separate(folder, spec, serving, toks, **kw)
+        assert fused[k] == alone, f"model {k}"
+        assert runners[k].canary is None  # the lockstep keeps the verdicts: one per model
+    assert len(reads) == 3 * runners[0].stats["chunks"]  # 3 layers, each read once per chunk for all models
+    assert runners[0].stats["chunks"] == (2 if "host_budget_bytes" in kw else 1)
+    at = {kr: n for n, kr in enumerate(order)}
+    assert all(at[(0, row)] < n for (k, row), n in at.items() if k)  # a row's teacher logits come first
+
+
+def test_the_canaries_are_kept_per_model(tmp_path):
+    folder = f8.build("deepseek_v3", "aligned", tmp_path / "fp8")
+    toks = np.random.default_rng(4).integers(0, f8.V, size=(3, 10)).astype(np.int32)
+    tl = Timeline(on=False)
+    lock = Lockstep([Runner(folder, _options(s, True), timeline=tl) for s in (None, SPECS[0])])
+    list(lock.run_models(toks))
+    assert [c["identical"] for c in lock.canaries] == [True, True]
+    assert lock.canaries[0]["sha256_start"] != lock.canaries[1]["sha256_start"]
+
+
+def test_models_that_cannot_share_a_pass_are_refused(tmp_path):
+    folder = f8.build("deepseek_v3", "aligned", tmp_path / "fp8")
+    tl = Timeline(on=False)
+    with pytest.raises(FidevalError, match="one micro_batch for every model"):
+        Lockstep([Runner(folder, RunnerOptions(micro_batch=1), timeline=tl), Runner(folder, RunnerOptions(micro_batch=2), timeline=tl)])
+    other = f8.build("deepseek_v3", "aligned", tmp_path / "other", seed=1)
+    with pytest.raises(FidevalError, match="every model on the reference weights"):
+        Lockstep([Runner(folder, timeline=tl), Runner(other, timeline=tl)])
+    with pytest.raises(FidevalError, match="one dtype"):
+        Lockstep([Runner(folder, timeline=tl), Runner(folder, RunnerOptions(dtype=torch.bfloat16), timeline=tl)])
