@@ -13,7 +13,7 @@ import sys
 
 import typer
 
-from fideval.commands import config_cmd, quant, report, score, selftest, store, teacher, windows
+from fideval.commands import config_cmd, fused, quant, report, score, selftest, store, teacher, windows
 from fideval.errors import FidevalError, Interrupted
 
 app = typer.Typer(
@@ -38,6 +38,7 @@ VERBS = [
     ("quant", "inspect", quant.inspect),
     ("quant", "formats", quant.formats),
     (None, "score", score.score),
+    (None, "fused", fused.fused),
     (None, "report", report.report),
     (None, "card", report.card),
     (None, "check", report.check),
@@ -47,7 +48,7 @@ GROUPS = {"quant": quant.HELP}
 
 # Verbs whose output is written shard by shard and resumed by a rerun (the store writer); every other verb
 # writes through a temp name and a rename, so an interrupted one leaves its previous output as it was.
-RESUMABLE = {"teacher", "import-llamacpp"}
+RESUMABLE = {"teacher", "import-llamacpp", "fused"}
 
 
 def _interruptible(verb: str, fn):

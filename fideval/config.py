@@ -159,6 +159,11 @@ class TeacherConfig(Strict):
         "auto", description="the lm head's arithmetic: float32 (float32 GEMM, no TF32) or bf16 (the same bfloat16 "
         "operands on the tensor cores, float32 sums and logits); auto: bf16 where its products are the float32 head's "
         "(bfloat16 layers on a GPU, a bfloat16 head), else float32 (docs/runner.md). Recorded like micro_batch")
+    fused: bool = Field(
+        False, description="run the teacher and every emulated candidate (both paths) in one pass per length and "
+        "domain (`fideval fused`): each layer read once, candidates scored against the teacher's logits on the GPU "
+        "instead of reading its store back; the store and records are the separate passes' bits. One GPU, "
+        "transformers implementation; real builds keep their own pass (docs/runner.md, 'The fused pass')")
 
 
 class ModuleQuant(Strict):

@@ -66,6 +66,7 @@ class Footprint:
     scores: float  # ... and its materialised scores, when the math path runs
     mlp: float  # a token of an MLP block (the larger of MoE and dense layers)
     head: float  # a token at the lm head
+    head_unit: int = 0  # the lm head's weights (float32) and final norm
 
 
 @dataclass(frozen=True)
@@ -126,7 +127,8 @@ def footprint(cfg: Any, dtype: torch.dtype, seq_len: int, world: int = 1, math_a
     dense = b * (3 * dense_i + 6 * H) if not all(d.moe_layers) else 0
     units = [p * b for p in layer_params(cfg, world)] + [V * H * b, V * H * 4 + H * b]
     head = 4 * V + 4 * H + b * H + (8 * V if world > 1 else 0)
-    return Footprint(unit_bytes=max(units), state=H * b, attention=attention, scores=scores, mlp=max(moe, dense), head=head)
+    return Footprint(unit_bytes=max(units), state=H * b, attention=attention, scores=scores, mlp=max(moe, dense), head=head,
+                     head_unit=units[-1])
 
 
 def _head_dim(cfg: Any, d) -> int:
@@ -139,8 +141,11 @@ def _head_dim(cfg: Any, d) -> int:
 def choose(device: torch.device | str, dtype: torch.dtype, cfg: Any, seq_len: int, *, n_sequences: int | None = None,
            world: int = 1, micro_batch: int | str = AUTO, mlp_tokens: int | str | None = AUTO,
            chunk_bytes: int | str | None = AUTO, free_bytes: int | None = None, math_attention: bool | None = None,
-           split_heads: bool = False) -> Settings:
-    """The settings for one run on ``device`` (module docstring); explicit values are kept as given."""
+           split_heads: bool = False, models: int = 1) -> Settings:
+    """The settings for one run on ``device`` (module docstring); explicit values are kept as given. ``models``:
+    the fused pass's teacher and candidates (fideval.model.lockstep), whose hidden states share the chunk's
+    budget, whose heads are all resident at the end of a chunk, and at whose head a micro-batch's teacher and
+    candidate logits are on the device together."""
     dev = torch.device(device)
     if dev.type != "cuda":  # CPU: today's defaults for whatever is auto
         return Settings(micro_batch=1 if micro_batch == AUTO else int(micro_batch),
@@ -152,7 +157,8 @@ def choose(device: torch.device | str, dtype: torch.dtype, cfg: Any, seq_len: in
         math_attention = impl == "eager"
     fp = footprint(cfg, dtype, L, world, math_attention, split_heads)
     F = int(free_bytes if free_bytes is not None else torch.cuda.mem_get_info(dev)[0])
-    W = 2 * fp.unit_bytes
+    models = max(1, int(models))
+    W = max(2 * fp.unit_bytes, models * fp.head_unit)
     R = RESERVE_BYTES + RESERVE_FRACTION * F
     A = F - W - R
     one = L * (max(fp.attention + fp.scores, fp.mlp, fp.head) + fp.state)
@@ -160,7 +166,7 @@ def choose(device: torch.device | str, dtype: torch.dtype, cfg: Any, seq_len: in
         raise FidevalError(f"{dev}: {F / GiB:.1f} GiB free holds neither two of the model's largest units ({2} x "
                            f"{fp.unit_bytes / GiB:.1f} GiB) and one sequence of {L} tokens ({one / GiB:.2f} GiB) beside "
                            f"the {R / GiB:.1f} GiB reserve", hint="use model parallel (torchrun), bfloat16, or a larger GPU")
-    call = max(fp.attention + fp.scores, fp.head)
+    call = max(fp.attention + fp.scores, fp.head * (3 if models > 1 else 1))  # teacher, candidate, the last one's rows
     if micro_batch == AUTO:
         m = max(1, ATTN_TOKENS // L)
         if n_sequences:
@@ -178,14 +184,14 @@ def choose(device: torch.device | str, dtype: torch.dtype, cfg: Any, seq_len: in
     S = int(A - phase)  # for the chunk's hidden states
     if chunk_bytes == AUTO:
         block = max(1, (T or mbt) // L)
-        seqs = max(block, min(MAX_CHUNK_TOKENS, max(S, 0) // fp.state) // L // block * block)
+        seqs = max(block, min(MAX_CHUNK_TOKENS, max(S, 0) // models // fp.state) // L // block * block)
         chunk = seqs * L * fp.state
     else:
         chunk = chunk_bytes
     plan = {"free_bytes": F, "weights_bytes": W, "reserve_bytes": int(R), "activation_bytes": int(A),
-            "phase_bytes": int(phase), "state_bytes": S, "math_attention": math_attention,
+            "phase_bytes": int(phase), "state_bytes": S, "math_attention": math_attention, "models": models,
             "per_token": {"attention": fp.attention, "scores": fp.scores, "mlp": fp.mlp, "head": fp.head, "state": fp.state}}
-    return Settings(micro_batch=m, mlp_tokens=T, chunk_bytes=chunk, device_budget_bytes=max(S, 0), plan=plan)
+    return Settings(micro_batch=m, mlp_tokens=T, chunk_bytes=chunk, device_budget_bytes=max(S, 0) // models, plan=plan)
 
 
 def adopt(requested: dict[str, Any], recorded: dict[str, Any] | None, where: str) -> dict[str, Any]:

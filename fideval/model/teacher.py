@@ -22,7 +22,7 @@ from fideval.errors import FidevalError
 KINDS = ("windows", "cuts")
 
 
-def _tokenizer_shas(model_dir: Path, windows_dir: Path) -> tuple[str | None, str | None]:
+def tokenizer_shas(model_dir: Path, windows_dir: Path) -> tuple[str | None, str | None]:
     from fideval.fsio import sha256_file
 
     tok = model_dir / "tokenizer.json"
@@ -112,7 +112,7 @@ def adopt_head(asked: str, recorded: str | None, where: str) -> str:
                        hint="resume with the same lm head (or auto), or write a new store")
 
 
-def _stored_digest(out: Path, seq_id: str) -> str | None:
+def stored_digest(out: Path, seq_id: str) -> str | None:
     """The digest (fideval.model.determinism.digest) of a finished shard's logits: a resumed run's canary
     compares its recomputation of the first micro-batch with what the first run stored."""
     import numpy as np
@@ -130,8 +130,43 @@ def _stored_digest(out: Path, seq_id: str) -> str | None:
     return digest(torch.from_numpy(logits.reshape(head.rows, head.vocab)))
 
 
-def _settings(dev, dtype: str, config, seqs: list, todo: int, out: Path, world: int, group, asked: dict,
-              recorded: dict | None, reference: bool = False):
+def store_meta(model_dir: Path, ckpt, *, implementation: str, arch: str, dtype: str, dev, world: int, release, vocab: int,
+               model_id: str | None, model_revision: str | None, tokenizer_sha256: str | None) -> tuple[dict, dict]:
+    """The store's ``teacher`` block (what computed the logits; the settings join it once sized) and its meta."""
+    import torch
+
+    from fideval.model import fp8_release
+    from fideval.model.device import resolve_dtype
+
+    runner_module = "fideval.model.reference.runner" if implementation == "reference" else "fideval.model.runner"
+    block = {"runner": runner_module, "implementation": implementation, "arch": arch, "dtype": dtype,
+             "device": dev.type, "model_parallel": world,
+             # CPU float sums change order with the thread count: part of what makes logits reproducible
+             "torch_threads": torch.get_num_threads() if dev.type == "cpu" else None,
+             "weights": fp8_release.describe(ckpt, release, resolve_dtype(dtype), dev)}
+    meta = {"model_id": model_id or model_dir.name, "model_revision": model_revision or "local",
+            "tokenizer_sha256": tokenizer_sha256 or "unknown", "vocab_size": vocab, "kind": "logits", "teacher": block}
+    return block, meta
+
+
+def read_checked(windows_dir: Path, folders: list[Path], domains: list[str] | None, vocab: int) -> list:
+    """The sequences of ``folders`` (only ``domains`` when given), every token id checked against the vocabulary
+    before the first forward pass."""
+    from fideval.windows.layout import read_sequences
+
+    seqs = [read_sequences(f).select_domains(domains) for f in folders]
+    if domains and not any(len(s.ids) for s in seqs):
+        raise FidevalError(f"{windows_dir}: no sequences of domain {', '.join(domains)}",
+                           hint="check --domain against the config's domains")
+    for f, s in zip(folders, seqs):
+        if s.tokens.size and int(s.tokens.max()) >= vocab:
+            raise FidevalError(f"{f}: token id {int(s.tokens.max())} is outside the model's vocabulary of {vocab}",
+                               hint="the windows were tokenized with another tokenizer than this model's")
+    return seqs
+
+
+def sized_settings(dev, dtype: str, config, seqs: list, todo: int, out: Path, world: int, group, asked: dict,
+              recorded: dict | None, reference: bool = False, models: int = 1):
     """Sizing (fideval.model.sizing) for the longest sequences of the run, every ``auto`` a resumed store recorded
     taken from it; under torchrun rank 0's settings for every rank. ``reference``: the vendor's code, whose
     attention materialises its scores and splits its heads over the ranks."""
@@ -141,7 +176,7 @@ def _settings(dev, dtype: str, config, seqs: list, todo: int, out: Path, world: 
     asked = sizing.adopt(asked, recorded, f"store {out}")
     length = max((s.tokens.shape[1] for s in seqs if s.tokens.size), default=1)
     st = sizing.choose(dev, resolve_dtype(dtype), config, length, n_sequences=todo, world=world,
-                       math_attention=True if reference else None, split_heads=reference, **asked)
+                       math_attention=True if reference else None, split_heads=reference, models=models, **asked)
     if world > 1:  # sized from each rank's free memory: rank 0's numbers for all, or ranks would differ in bits
         import torch.distributed as dist
 
@@ -162,9 +197,8 @@ def run_teacher(model_dir, windows_dir, out, *, kinds=KINDS, device="auto", dtyp
     ``trust_remote_code``); the store's ``teacher`` block then records the code's SHA-256 per file and kernels.
     ``lm_head``: the head's arithmetic (fideval.model.head), recorded; a resumed store keeps its own."""
     t_start = time.perf_counter()
-    import torch
 
-    from fideval.model import accounting, fp8_release, sizing
+    from fideval.model import accounting, sizing
     from fideval.model.adapters import Adapter
     from fideval.model.checkpoint import open_weights
     from fideval.model.device import resolve_device, resolve_dtype
@@ -175,7 +209,6 @@ def run_teacher(model_dir, windows_dir, out, *, kinds=KINDS, device="auto", dtyp
     from fideval.progress import progress
     from fideval.store import StoreWriter
     from fideval.store.background import BackgroundWriter
-    from fideval.windows.layout import read_sequences
 
     model_dir, windows_dir, out = Path(model_dir), Path(windows_dir), Path(out)
     resolve_dtype(dtype)  # a bad name fails before any file is read
@@ -195,7 +228,7 @@ def run_teacher(model_dir, windows_dir, out, *, kinds=KINDS, device="auto", dtyp
         if asked["micro_batch"] == "auto":  # the vendor's attention materialises [B, L, heads, L] scores: one at a time
             asked["micro_batch"] = 1
     windows_dir, folders = sequence_folders(windows_dir, tuple(kinds))
-    model_sha, win_sha = _tokenizer_shas(model_dir, windows_dir)
+    model_sha, win_sha = tokenizer_shas(model_dir, windows_dir)
     if model_sha and win_sha and model_sha != win_sha:
         raise FidevalError(f"{windows_dir / 'eval-windows.json'} was tokenized with tokenizer {win_sha[:12]}…, "
                            f"{model_dir / 'tokenizer.json'} is {model_sha[:12]}…", hint="rebuild the windows with this model's tokenizer")
@@ -211,23 +244,11 @@ def run_teacher(model_dir, windows_dir, out, *, kinds=KINDS, device="auto", dtyp
         arch = (ckpt.config_dict.get("architectures") or [type(drv).__name__])[0]
         vocab, release = int(drv.vocab_size), getattr(ckpt, "release", None)
         config = sizing_config(drv, ckpt.config_dict)
-    runner_module = "fideval.model.reference.runner" if implementation == "reference" else "fideval.model.runner"
-    block = {"runner": runner_module, "implementation": implementation, "arch": arch, "dtype": dtype,
-             "device": dev.type, "model_parallel": world,
-             # CPU float sums change order with the thread count: part of what makes logits reproducible
-             "torch_threads": torch.get_num_threads() if dev.type == "cpu" else None,
-             "weights": fp8_release.describe(ckpt, release, resolve_dtype(dtype), dev)}
-    meta = {"model_id": model_id or model_dir.name, "model_revision": model_revision or "local",
-            "tokenizer_sha256": win_sha or model_sha or "unknown", "vocab_size": vocab, "kind": "logits", "teacher": block}
+    block, meta = store_meta(model_dir, ckpt, implementation=implementation, arch=arch, dtype=dtype, dev=dev, world=world,
+                             release=release, vocab=vocab, model_id=model_id, model_revision=model_revision,
+                             tokenizer_sha256=win_sha or model_sha)
     writer = StoreWriter(out, meta) if rank == 0 else None
-    seqs = [read_sequences(f).select_domains(domains) for f in folders]
-    if domains and not any(len(s.ids) for s in seqs):
-        raise FidevalError(f"{windows_dir}: no sequences of domain {', '.join(domains)}",
-                           hint="check --domain against the config's domains")
-    for f, s in zip(folders, seqs):  # every length checked before the first forward pass
-        if s.tokens.size and int(s.tokens.max()) >= vocab:
-            raise FidevalError(f"{f}: token id {int(s.tokens.max())} is outside the model's vocabulary of {vocab}",
-                               hint="the windows were tokenized with another tokenizer than this model's")
+    seqs = read_checked(windows_dir, folders, domains, vocab)
     done = {sid for s in seqs for sid in s.ids if writer.done(sid)} if writer is not None else set()
     if world > 1:
         import torch.distributed as dist
@@ -237,7 +258,7 @@ def run_teacher(model_dir, windows_dir, out, *, kinds=KINDS, device="auto", dtyp
         done = set(box[0])
     todo = sum(len(s.ids) - sum(sid in done for sid in s.ids) for s in seqs)
     recorded = recorded_settings(out)  # a resumed store's settings: read once, for sizing and the lm head
-    st = _settings(dev, dtype, config, seqs, todo, out, world, group, asked, recorded,
+    st = sized_settings(dev, dtype, config, seqs, todo, out, world, group, asked, recorded,
                    reference=implementation == "reference")
     block.update(st.recorded())
     timeline = Timeline(dev)
@@ -266,7 +287,7 @@ def run_teacher(model_dir, windows_dir, out, *, kinds=KINDS, device="auto", dtyp
                 # blocks are an uninterrupted run's, so its shards are bit-identical; the canary's first pass,
                 # when its chunk is done, is the stored shard.
                 for sid, logits in runner.iter_logits(s, skip=done.__contains__,
-                                                      stored_digest=(lambda x: _stored_digest(out, x)) if rank == 0 else None):
+                                                      stored_digest=(lambda x: stored_digest(out, x)) if rank == 0 else None):
                     if bg is not None:
                         k = row[sid]
                         bg.write(sid, logits, s.tokens[k], s.window_of(sid), s.domains[k])

@@ -201,9 +201,7 @@ def from_config(cfg: Any, name: str, path: str, teacher: Any, device: str) -> Ca
 
     files = locate(cfg.model.path, cfg.model.revision)
     settings = teacher_settings(cfg, teacher, files)
-    hooks, info = (_real if cand.checkpoint is not None else _emulated)(cand, path, files)
-    info = {"model_id": cfg.model.id, "model_revision": files.revision,
-            "activations": "e4m3 per 1x128" if path == "serving" else "none", **info}
+    hooks, info = describe(cfg, cand, path, files)
     timeline = Timeline(resolve_device(device))
     skip: set[str] = set()
     backend = {"implementation": cfg.model.implementation, "code": cfg.model.code,
@@ -213,6 +211,14 @@ def from_config(cfg: Any, name: str, path: str, teacher: Any, device: str) -> Ca
     info["run_settings"] = ran
     return Candidate(name=name, path=path, shards=shards, info=info, timeline=timeline, flops_per_token=per_token,
                      skip=skip)
+
+
+def describe(cfg: Any, cand: Any, path: str, files: Any) -> tuple[dict[str, Any], dict[str, Any]]:
+    """The runner's hooks for candidate ``cand`` on ``path`` and score.json's ``candidate_info`` (without the run
+    settings, which join it once the runner is built)."""
+    hooks, info = (_real if cand.checkpoint is not None else _emulated)(cand, path, files)
+    return hooks, {"model_id": cfg.model.id, "model_revision": files.revision,
+                   "activations": "e4m3 per 1x128" if path == "serving" else "none", **info}
 
 
 def _emulated(cand: Any, path: str, files: Any) -> tuple[dict[str, Any], dict[str, Any]]:

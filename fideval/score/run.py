@@ -268,6 +268,40 @@ def self_check(teacher: Any, *, device: str = "auto", kernel: str = "auto") -> d
     return _self_result(run, kernel)
 
 
+def conclude(run: _Run, stats: dict[str, dict[str, Any]], ids: list[str], cache: ShardCache, out_dir: Path) -> None:
+    """Every shard scored (or one line): their stats folded into ``run``, records.parquet assembled in ``ids`` order."""
+    missing = [sid for sid in ids if sid not in stats]
+    if missing:
+        raise FidevalError(f"the candidate gave no logits for {len(missing)} teacher sequences (first {missing[0]!r})",
+                           hint="score a candidate made from the same windows")
+    folded = resume.fold([stats[sid] for sid in ids])
+    run.rows, run.checked, run.nonfinite, run.top1 = (folded[k] for k in resume.STAT_KEYS)
+    run.max_kld, run.worst, run.worst_at, run.lengths = (folded[k] for k in ("max_kld", "worst", "worst_at", "lengths"))
+    with run.tl.part("records"):
+        cache.assemble(out_dir, ids, {sid for sid in ids if int(stats[sid]["rows"]) > 0})
+
+
+def summarize(run: _Run, candidate: Candidate, teacher: Any, teacher_spec: str | None, settings: ScoreSettings,
+              dev: torch.device, kernel: str, rule: str | None, checked_self: dict[str, Any] | None,
+              profile: dict[str, Any]) -> dict[str, Any]:
+    """score.json's content (fideval.formats.score) for a finished run."""
+    try:
+        from fideval.provenance import tool_block
+
+        tool = tool_block()
+    except Exception:  # pragma: no cover - provenance needs git; never fail a finished run on it
+        tool = None
+    return dump(ScoreSummary(
+        candidate=candidate.name, path=candidate.path, length=next(iter(run.lengths)) if len(run.lengths) == 1 else None,
+        rows=run.rows, teacher=_teacher_block(teacher, teacher_spec), lossy_rule=rule,
+        cpu_check=CpuCheck(rows_checked=run.checked, max_rel_diff=run.worst, tolerance=settings.cpu_check_tolerance,
+                           every=settings.cpu_check_every, worst=run.worst_at or None),
+        self_check=SelfCheck(**checked_self) if checked_self is not None else None, nonfinite_rows=run.nonfinite,
+        on_nonfinite=settings.on_nonfinite, device=torch.cuda.get_device_name(dev) if dev.type == "cuda" else "cpu",
+        kernel=kernel, figures=list(FIGURES), records=RECORDS_FILE, candidate_info=candidate.info, tool=tool,
+        profile=RunProfile(**profile)))
+
+
 def _self_result(run: _Run, kernel: str) -> dict[str, Any]:
     result = {"max_kld": run.max_kld, "top1": run.top1 / run.rows if run.rows else 1.0, "rows": run.rows}
     if run.max_kld != 0.0 or run.top1 != run.rows:
@@ -346,17 +380,9 @@ def score_candidate(teacher: Any, candidate: Candidate, out_dir: str | Path, set
                     cache.save(item.seq_id, keys[item.seq_id], table, st)
                 stats[item.seq_id] = st
                 bar.advance(st["positions"])
-            missing = [sid for sid in ids if sid not in stats]
-            if missing:
-                raise FidevalError(f"the candidate gave no logits for {len(missing)} teacher sequences (first {missing[0]!r})",
-                                   hint="score a candidate made from the same windows")
-            folded = resume.fold([stats[sid] for sid in ids])
-            run.rows, run.checked, run.nonfinite, run.top1 = (folded[k] for k in resume.STAT_KEYS)
-            run.max_kld, run.worst, run.worst_at, run.lengths = (folded[k] for k in ("max_kld", "worst", "worst_at", "lengths"))
+            conclude(run, stats, ids, cache, out_dir)
             if candidate.is_teacher:
                 checked_self = _self_result(run, kernel)
-            with tl.part("records"):
-                cache.assemble(out_dir, ids, {sid for sid in ids if int(stats[sid]["rows"]) > 0})
     except FidevalError:
         # a failed run keeps nothing (a wrong kernel, bad logits: its inputs must change before a rerun, and
         # so would every key); an interrupted or killed one keeps what it scored
@@ -376,21 +402,7 @@ def score_candidate(teacher: Any, candidate: Candidate, out_dir: str | Path, set
         peak = settings.peak_tflops or accounting.peak_tflops(accounting.device_name(dev), dtype)
     profile = accounting.summary(time.perf_counter() - t0, parts, device=accounting.device_name(dev), tokens=tokens or None,
                       model_flops=tokens * candidate.flops_per_token if model_run else None, peak=peak)
-    try:
-        from fideval.provenance import tool_block
-
-        tool = tool_block()
-    except Exception:  # pragma: no cover - provenance needs git; never fail a finished run on it
-        tool = None
-    summary = dump(ScoreSummary(
-        candidate=candidate.name, path=candidate.path, length=next(iter(run.lengths)) if len(run.lengths) == 1 else None,
-        rows=run.rows, teacher=_teacher_block(teacher, teacher_spec), lossy_rule=rule,
-        cpu_check=CpuCheck(rows_checked=run.checked, max_rel_diff=run.worst, tolerance=settings.cpu_check_tolerance,
-                           every=settings.cpu_check_every, worst=run.worst_at or None),
-        self_check=SelfCheck(**checked_self) if checked_self is not None else None, nonfinite_rows=run.nonfinite,
-        on_nonfinite=settings.on_nonfinite, device=torch.cuda.get_device_name(dev) if dev.type == "cuda" else "cpu",
-        kernel=kernel, figures=list(FIGURES), records=RECORDS_FILE, candidate_info=candidate.info, tool=tool,
-        profile=RunProfile(**profile)))
+    summary = summarize(run, candidate, teacher, teacher_spec, settings, dev, kernel, rule, checked_self, profile)
     write_json(out_dir / "score.json", summary)
     cache.clear()
     return summary

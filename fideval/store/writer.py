@@ -102,6 +102,10 @@ class StoreWriter:
         self._verified[seq_id] = entry
         return True
 
+    def entry(self, seq_id: str) -> dict[str, Any] | None:
+        """The manifest entry (``sha256``, ``bytes``, ...) of a shard verified or written by this writer, else None."""
+        return self._verified.get(seq_id)
+
     def write(self, seq_id: str, logits: Any, token_ids: Any, window_id: str, domain: str, *,
               row_start: int = 0, extra_meta: dict[str, str] | None = None) -> dict[str, Any]:
         """Write one sequence's shard atomically. ``logits`` float32 [rows, V] (numpy or torch, any device).

@@ -1,0 +1,65 @@
+"""``fideval fused``: the teacher store and every emulated candidate's records in one pass (teacher.fused)."""
+
+from pathlib import Path
+from typing import Annotated
+
+import typer
+
+from fideval.commands import options
+
+
+def fused(
+    config: Annotated[Path, options.config("the evaluation's config: model, teacher settings, candidates, score")],
+    windows: Annotated[Path, typer.Option("--windows", help="one token file of 'fideval windows': windows-<W>/ or "
+                                          "cuts-<C>/tokens.safetensors")],
+    domain: Annotated[str, typer.Option("--domain", help="the domain whose sequences this pass runs")],
+    out: Annotated[Path, options.out("teacher logit store folder to write (resumes if present)")],
+    records: Annotated[Path, typer.Option("--records", help="records root: each candidate's records go to "
+                                          "<records>/<candidate>/<path>/<kind>/<domain>, the self-check's to "
+                                          "<records>/teacher-self/store/<kind>/<domain>")],
+    device: options.Device = None,
+    kernel: options.Kernel = "auto",
+    self_check: Annotated[bool, typer.Option("--self-check/--no-self-check",
+                                             help="also score the teacher against itself (the workflow's selfcheck records)")] = True,
+    peak_tflops: Annotated[float | None, typer.Option(
+        "--peak-tflops", help="the GPU's dense peak for the utilisation figure (default: by GPU name)")] = None,
+) -> None:
+    """Run the teacher and every emulated candidate through each layer together; write the store and the records.
+
+    The store and every records.parquet are bit-identical to 'fideval teacher' then 'fideval score --config' with the
+    settings this pass records; each layer is read once and the teacher's store is never read back."""
+    from contextlib import ExitStack
+
+    from fideval.config import load_config
+    from fideval.fsio import remove_temps
+    from fideval.lock import output_lock
+    from fideval.model.teacher import sequence_folders
+    from fideval.score.fused import fusable, records_dir, refusal, run_fused
+    from fideval.score.run import ScoreSettings
+
+    cfg = load_config(config)
+    why = refusal(cfg)
+    if why:
+        from fideval.errors import FidevalError
+
+        raise FidevalError(f"{config}: {why}", hint="set teacher.fused: false to run the teacher and each candidate separately")
+    _, folders = sequence_folders(windows, ("windows", "cuts"))
+    kind = folders[0].name.rpartition("-")[0]
+    settings = ScoreSettings.of(cfg.score, device=device or cfg.teacher.device, kernel=kernel)
+    dirs = [records_dir(records, c.name, p, kind, domain) for c, p in fusable(cfg)]
+    if self_check:
+        dirs.append(records_dir(records, "self", "store", kind, domain))
+    with ExitStack() as stack:  # every output this pass writes is locked, the store first
+        stack.enter_context(output_lock(out, "fused"))
+        for d in dirs:
+            stack.enter_context(output_lock(d, "fused"))
+            remove_temps(d)
+        r = run_fused(cfg, windows, domain, out, records, device=settings.device, settings=settings,
+                      self_check=self_check, peak_tflops=peak_tflops)
+    from fideval.model.accounting import line
+
+    verdict = {True: "identical", False: "DIFFERS", None: "unchecked"}
+    canary = ", ".join(f"{c['model']} {verdict[c.get('identical')]}" for c in r["canaries"])
+    ran = r["settings"]
+    typer.echo(f"{out}: {r['written']} sequences written, {r['skipped']} already done; {len(r['scored'])} records folders; "
+               f"canary {canary}; micro-batch {ran['micro_batch']}, mlp tokens {ran['mlp_tokens'] or 'off'}; {line(r['profile'])}")

@@ -1,0 +1,125 @@
+"""``fideval fused`` (issue 23): the teacher store and every emulated candidate's records from one pass must be the
+separate verbs' bytes -- ``fideval teacher``, ``fideval score --config`` per candidate and path, ``fideval score
+--self-check`` -- on the tiny FP8 DeepSeek-V3 release (tests/fp8_fixtures.py), fresh and after an interruption."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+
+import fp8_fixtures as f8
+import numpy as np
+import pytest
+import yaml
+from cli_runner import run_fideval
+
+from fideval.windows.layout import Sequences, length_dir, write_sequences
+
+CANDIDATES = [{"name": "mx", "quant": {"routed_experts": {"format": "mxfp4"}}, "paths": ["serving", "weights-only"]},
+              {"name": "nv", "quant": {"routed_experts": {"format": "nvfp4"}, "attention": {"format": "fp8_block"}},
+               "paths": ["weights-only"]}]
+
+
+def _sha(p):
+    return hashlib.sha256(p.read_bytes()).hexdigest()
+
+
+@pytest.fixture(scope="module")
+def setup(tmp_path_factory):
+    tmp = tmp_path_factory.mktemp("fused")
+    model = f8.build("deepseek_v3", "aligned", tmp / "fp8")
+    toks = np.random.default_rng(5).integers(0, f8.V, size=(5, 12)).astype(np.int32)
+    ids = [f"code-{i:03d}.c0" for i in range(5)]
+    write_sequences(length_dir(tmp / "w", "cuts", 12), Sequences(ids, ["code"] * 5, toks))
+    cfg = {"run": "f", "model": {"path": str(model), "id": "toy/dsv3-fp8", "revision": "local"},
+           "domains": [{"name": "code", "source": {"type": "local", "path": "x.jsonl"}}],
+           "teacher": {"device": "cpu", "micro_batch": 2, "mlp_tokens": 24, "fused": True},
+           "score": {"cpu_check_every": 7}, "candidates": CANDIDATES}
+    (tmp / "c.yaml").write_text(yaml.safe_dump(cfg))
+    tokens = tmp / "w" / "cuts-12" / "tokens.safetensors"
+    sep = tmp / "sep"
+    res = run_fideval("teacher", "--config", tmp / "c.yaml", "--windows", tokens, "--domain", "code", "--out", sep / "teacher")
+    assert res.code == 0, res.stderr
+    for c in CANDIDATES:
+        for p in c["paths"]:
+            res = run_fideval("score", "--config", tmp / "c.yaml", "--candidate", c["name"], "--path", p, "--teacher",
+                              sep / "teacher", "--out", sep / "records" / c["name"] / p / "cuts" / "code")
+            assert res.code == 0, res.stderr
+    res = run_fideval("score", "--self-check", "--teacher", sep / "teacher", "--out", sep / "records/teacher-self/store/cuts/code")
+    assert res.code == 0, res.stderr
+    return {"tmp": tmp, "tokens": tokens, "sep": sep, "cfg": tmp / "c.yaml"}
+
+
+def _fused(s, where):
+    return run_fideval("fused", "--config", s["cfg"], "--windows", s["tokens"], "--domain", "code",
+                       "--out", where / "teacher", "--records", where / "records")
+
+
+def _same_bytes(s, where):
+    sep = s["sep"]
+    shards = sorted((sep / "teacher" / "shards").glob("*.safetensors"))
+    assert len(shards) == 5
+    for f in shards:
+        assert _sha(f) == _sha(where / "teacher" / "shards" / f.name), f.name
+    recs = sorted(sep.glob("records/**/records.parquet"))
+    assert len(recs) == 4  # mx serving, mx weights-only, nv weights-only, the self-check
+    for f in recs:
+        assert _sha(f) == _sha(where / f.relative_to(sep)), f
+        a, b = (json.loads((g.parent / "score.json").read_text()) for g in (f, where / f.relative_to(sep)))
+        assert (a["rows"], a["cpu_check"]["rows_checked"], a["candidate_info"]) == \
+               (b["rows"], b["cpu_check"]["rows_checked"], b["candidate_info"])
+
+
+def test_the_fused_pass_writes_the_separate_passes_bytes(setup):
+    where = setup["tmp"] / "fused"
+    res = _fused(setup, where)
+    assert res.code == 0, res.stderr
+    _same_bytes(setup, where)
+    from fideval.store import StoreReader
+
+    meta = StoreReader(where / "teacher").meta
+    assert json.loads(meta["fused"]) == ["mx/serving", "mx/weights-only", "nv/weights-only"]
+    assert json.loads(meta["canary"])["identical"] is True
+    assert "4 records folders" in res.stdout and "nv/weights-only identical" in res.stdout
+    prof = json.loads(meta["profile"])
+    assert prof["tokens"] == 4 * 5 * 12 and abs(sum(prof["parts"].values()) - prof["wall_s"]) < 1e-5
+    assert not list(where.glob("records/**/records.partial"))
+
+
+def test_an_interrupted_fused_pass_resumes_to_the_same_bytes(setup, monkeypatch):
+    """Interrupted after the third candidate shard: the teacher shards on disk and the records scored against them
+    are kept; the rerun computes only the chunks holding what is missing, and ends with the same bytes."""
+    from fideval.score import fused
+
+    where = setup["tmp"] / "resumed"
+    real, calls = fused._Scoring.score, []
+
+    def stop(self, sid, logits):
+        calls.append(sid)
+        if len(calls) == 9:
+            raise KeyboardInterrupt
+        return real(self, sid, logits)
+
+    monkeypatch.setattr(fused._Scoring, "score", stop)
+    res = _fused(setup, where)
+    assert res.code != 0 and "run the same command again to resume" in res.stderr
+    kept = list(where.glob("records/**/records.partial/*.json"))
+    assert kept and len(list((where / "teacher" / "shards").glob("*.safetensors"))) >= 2
+    monkeypatch.setattr(fused._Scoring, "score", real)
+    res = _fused(setup, where)
+    assert res.code == 0, res.stderr
+    assert "already done" in res.stdout
+    _same_bytes(setup, where)
+
+
+def test_configs_the_fused_pass_cannot_run_are_refused_in_one_line(setup, tmp_path):
+    cfg = yaml.safe_load(setup["cfg"].read_text())
+    for edit, words in ((lambda c: c["teacher"].update(model_parallel=2), "model_parallel 2"),
+                        (lambda c: c.update(candidates=[]), "at least one emulated candidate")):
+        c = json.loads(json.dumps(cfg))
+        edit(c)
+        (tmp_path / "bad.yaml").write_text(yaml.safe_dump(c))
+        res = run_fideval("fused", "--config", tmp_path / "bad.yaml", "--windows", setup["tokens"], "--domain", "code",
+                          "--out", tmp_path / "t", "--records", tmp_path / "r")
+        assert words in res.error()
+        assert not (tmp_path / "t").exists()
