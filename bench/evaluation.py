@@ -218,14 +218,16 @@ def write_windows(root: Path, vocab: int, n: int, L: int, seed: int = 0) -> Path
     return folder / "tokens.safetensors"
 
 
-def write_config(path: Path, model: Path, device: str, data: Path) -> None:
+def write_config(path: Path, model: Path, device: str, data: Path, settings: dict | None = None) -> None:
+    """The rehearsal's config; ``settings``: the teacher's bit-shaping settings fixed (the fused pass's identity check)."""
+    extra = "".join(f", {k}: {v if v is not None else 'null'}" for k, v in (settings or {}).items())
     data.write_text('{"text": "unused: the bench writes its token windows itself"}\n')
     path.write_text(f"""run: rehearsal
 model: {{path: {model}, id: bench/deepseek-v3-shaped-fp8, revision: local}}
 domains:
   - name: web
     source: {{type: local, path: {data}, text_field: text}}
-teacher: {{device: {device}, dtype: bfloat16}}
+teacher: {{device: {device}, dtype: bfloat16{extra}}}
 candidates:
   - name: mxfp4-experts
     quant:
@@ -244,9 +246,11 @@ def verb(args: list[str], env: dict) -> tuple[float, str]:
     return wall, res.stdout.strip()
 
 
-def run_verbs(work: Path, ckpt: Path, s: dict, n: int, device: str) -> dict:
+def run_verbs(work: Path, ckpt: Path, s: dict, n: int, device: str, fused: bool = True) -> dict:
     """``fideval teacher`` then ``fideval score --config`` on both paths, each in its own process as the
-    workflow runs them; their own profiles read back from what they wrote."""
+    workflow runs them; their own profiles read back from what they wrote. Then ``fideval fused`` on the same
+    sequences (the teacher's settings as recorded by the separate pass: the config fixes them), its store and
+    records compared byte for byte with the separate passes'."""
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")]), "PYTHONUNBUFFERED": "1"}
     tokens = write_windows(work / "windows", s["vocab"], n, 2048)
     cfg = work / "rehearsal.yaml"
@@ -269,13 +273,34 @@ def run_verbs(work: Path, ckpt: Path, s: dict, n: int, device: str) -> dict:
         sj = json.loads((rec / "score.json").read_text())
         out[f"score_{path}_profile"] = sj.get("profile") or {}
         out[f"score_{path}_rows"] = sj.get("rows")
+    if fused:  # the same work in one pass; its store and records must be the separate passes' bytes
+        from fideval.fsio import sha256_file
+
+        fstore, frec = work / "fused" / "teacher", work / "fused" / "records"
+        shutil.rmtree(work / "fused", ignore_errors=True)
+        fcfg = work / "rehearsal-fused.yaml"
+        write_config(fcfg, ckpt, device, work / "unused.jsonl",
+                     {k: out["teacher_block"].get(k) for k in ("micro_batch", "mlp_tokens", "chunk_bytes", "lm_head")})
+        out["fused_s"], _ = verb(["fused", "--config", str(fcfg), "--windows", str(tokens), "--domain", "web", "--out", str(fstore),
+                                  "--records", str(frec), "--no-self-check", "--device", device], env)
+        fmeta = json.loads((fstore / "manifest.json").read_text()).get("meta", {})
+        out["fused_profile"] = json.loads(fmeta.get("profile", "{}"))
+        out["fused_block"] = json.loads(fmeta.get("teacher", "{}"))
+        same = [sha256_file(p) == sha256_file(fstore / "shards" / p.name) for p in sorted((store / "shards").glob("*.safetensors"))]
+        for path in ("serving", "weights-only"):
+            same.append(sha256_file(work / "records" / path / "records.parquet") ==
+                        sha256_file(frec / "mxfp4-experts" / path / "cuts" / "web" / "records.parquet"))
+        out["fused_identical"] = f"{sum(same)} of {len(same)} files (shards, records)"
+        shutil.rmtree(work / "fused", ignore_errors=True)
     return out
 
 
 # -- compute at size ---------------------------------------------------------------------------------------
-def run_compute(ckpt: Path, s: dict, L: int, tokens: int, device: str, candidate: bool) -> dict:
+def run_compute(ckpt: Path, s: dict, L: int, tokens: int, device: str, candidate: bool | str) -> dict:
     """The teacher's own path (fideval.model.teacher: sizing, runner options, timeline, accounting) over ``tokens``
-    tokens per layer, the logits consumed on the device instead of written (see the module docstring)."""
+    tokens per layer, the logits consumed on the device instead of written (see the module docstring).
+    ``candidate``: the MXFP4 serving candidate; ``"fused"``: the fused pass (teacher + serving + weights-only, each
+    candidate row scored against the teacher's on the device; ``tokens`` counts one model's)."""
     from fideval.model import accounting, sizing
     from fideval.model.adapters import Adapter
     from fideval.model.checkpoint import open_weights
@@ -294,22 +319,47 @@ def run_compute(ckpt: Path, s: dict, L: int, tokens: int, device: str, candidate
         hooks = {"weight_transform": spec.weight_transform, "act_transform": spec.act_transform}
     w = open_weights(ckpt)
     adapter = Adapter.load(w)
-    st = sizing.choose(dev, torch.bfloat16, adapter.config, L, n_sequences=n)
+    fused = candidate == "fused"
+    st = sizing.choose(dev, torch.bfloat16, adapter.config, L, n_sequences=n, models=3 if fused else 1)
     timeline = Timeline(dev)
-    r = Runner(w, RunnerOptions(device=dev, dtype=torch.bfloat16, profile=True, **st.runner_options(), **hooks), timeline=timeline)
+    base = dict(device=dev, dtype=torch.bfloat16, profile=True, **st.runner_options())
+    if fused:  # fideval fused's pass: the teacher, the serving and the weights-only candidate, each layer read once
+        from fideval.model.lockstep import Lockstep
+        from fideval.score.run import pick, score_tensors
+
+        runners = [Runner(w, RunnerOptions(**base, **h), timeline=timeline)
+                   for h in ({}, hooks, {"weight_transform": hooks["weight_transform"]})]
+        r, lock, kernel = runners[0], Lockstep(runners), pick(device)[1]
+    else:
+        r = Runner(w, RunnerOptions(**base, **hooks), timeline=timeline)
     if device == "cuda":
         torch.cuda.synchronize()
         torch.cuda.reset_peak_memory_stats()
     t0 = time.perf_counter()
     timeline.start()
     acc = torch.zeros((), device=dev)
-    for _, logits in r.run(toks):
-        acc += logits[-1, :8].sum()  # consumed on the device: no host copy, no store (measured by the verbs)
+    if fused:  # each candidate row scored against the teacher's on the device, as the verb does (the store: the verbs)
+        rows = {}
+        for k, row, logits in lock.run_models(toks):
+            if k == 0:
+                rows[row] = logits
+                continue
+            with timeline.part("scoring"):
+                figs, _, _ = score_tensors(rows[row][:-1], logits[:-1], torch.from_numpy(toks[row, 1:].astype(np.int64)).to(dev), kernel)
+            acc += float(figs[:, 0].mean())
+            del logits
+            if k == 2:
+                del rows[row]
+        r.canary = {"identical": all(c and c.get("identical") for c in lock.canaries)}
+    else:
+        for _, logits in r.run(toks):
+            acc += logits[-1, :8].sum()  # consumed on the device: no host copy, no store (measured by the verbs)
     stats = r.finish_profile()
     wall = time.perf_counter() - t0
     f = flops_per_token(adapter.config, L)
+    k = 3 if fused else 1
     prof = accounting.summary(wall, stats.get("parts", {}), device=accounting.device_name(dev), tokens=n * L,
-                              model_flops=f["total"] * n * L, peak=accounting.peak_tflops(accounting.device_name(dev), "bfloat16"),
+                              model_flops=k * f["total"] * n * L, peak=accounting.peak_tflops(accounting.device_name(dev), "bfloat16"),
                               hidden={"load": accounting.hidden_share(stats.get("load_s", 0.0), stats.get("wait_s", 0.0))})
     out = {"L": L, "seqs": n, "tokens": n * L, "settings": {**st.recorded(), "lm_head": r.head_mode},
            "finite": math.isfinite(float(acc)), "profile": prof,
@@ -381,7 +431,7 @@ def extrapolate(compute: dict, verbs: dict | None, disk: dict, s: dict) -> list[
                 f_layers, f_head, wbytes = f["layers"], f["head"], f["weights_gb"] * 1e9
             vocab = V3["vocab"] if model == "DeepSeek-V3" else v41["vocab_size"]
             passes = {}
-            for role in ("teacher", "candidate"):
+            for role in ("teacher", "candidate", "fused"):
                 measured = [k for k in SEED_ROWS if f"{role}-{k}" in compute]  # this length, else the longest run
                 c = compute.get(f"{role}-{L}") or (compute[f"{role}-{max(measured)}"] if measured else None)
                 if c is None:
@@ -395,7 +445,7 @@ def extrapolate(compute: dict, verbs: dict | None, disk: dict, s: dict) -> list[
                 fr = c["flops"]
                 layer_scale = f_layers / (fr["total"] - fr["head"])
                 passes[role] = fixed + T * (layer_s * layer_scale + head_s * f_head / fr["head"])
-            if len(passes) < 2:
+            if "teacher" not in passes or "candidate" not in passes:
                 continue
             store = rows_L * vocab * 4
             weights_s = wbytes / (rd if wbytes > 100e9 else 10e9)  # > 100 GB cannot stay in 128 GB of page cache
@@ -404,14 +454,19 @@ def extrapolate(compute: dict, verbs: dict | None, disk: dict, s: dict) -> list[
             fused = max(passes["teacher"] + 2 * passes["candidate"], weights_s, write_s)
             total["separate"] += sep
             total["fused"] += fused
+            if "fused" in passes:  # the measured fused pass (its scoring included) in place of teacher + 2 candidates
+                total["fused_measured"] = total.get("fused_measured", 0.0) + max(passes["fused"], weights_s, write_s)
             terms.append(f"L={L}: teacher {passes['teacher']:.0f} s, candidate {passes['candidate']:.0f} s, weights {weights_s:.0f} s, "
                          f"store write {write_s:.0f} s, read-back {read_s:.0f} s")
         if not terms:
             continue
         rows.append((f"extrapolation {model}: separate passes (teacher, then 2 candidate passes reading the store back)",
                      f"{total['separate'] / 60:.0f} min ({'; '.join(terms)})", "<= 45 min"))
-        rows.append((f"extrapolation {model}: if fused (not built: teacher and candidates through each layer together, no read-back)",
+        rows.append((f"extrapolation {model}: fused from the separate runs' rates (teacher + 2 candidates, no read-back)",
                      f"{total['fused'] / 60:.0f} min", "<= 45 min"))
+        if "fused_measured" in total:
+            rows.append((f"extrapolation {model}: fused from the measured fused pass (fideval fused's lockstep and scoring)",
+                         f"{total['fused_measured'] / 60:.0f} min", "<= 45 min"))
     rows.append(("extrapolation formula", "per length L: T = rows/(L-1) x L tokens; pass = once-a-run parts (" + ", ".join(ONCE) +
                  ") + T x (layer s/token x F_layers/F_layers,bench + head s/token x F_head/F_head,bench), layer s/token = (wall - "
                  "head - once-a-run parts) / tokens; separate = max(teacher, W/disk_read, S/disk_write) + 2 x (max(candidate, "
@@ -454,7 +509,8 @@ def main() -> None:
         ckpt = Path(a.dir) / "ckpt"
         s = dict(SMALL if a.small else V3)  # --small: the child path tried on a CPU
         s["layers"] = json.loads((ckpt / "config.json").read_text())["num_hidden_layers"]
-        c = run_compute(ckpt, s, int(L), a.tokens, "cuda" if torch.cuda.is_available() else "cpu", role == "candidate")
+        c = run_compute(ckpt, s, int(L), a.tokens, "cuda" if torch.cuda.is_available() else "cpu",
+                        "fused" if role == "fused" else role == "candidate")
         Path(a.result).write_text(json.dumps(c, default=str))
         return
     s = dict(SMALL if a.small else V3)
@@ -503,10 +559,17 @@ def main() -> None:
             sp = v[f"score_{path}_profile"]
             rows += [(f"verbs: fideval score --config, {path}", f"{v[f'score_{path}_s']:.1f} s, {v[f'score_{path}_rows']:,} rows; "
                       + parts_line(sp), "")]
+    if v is not None and "fused_s" in v:
+        fp, sep = v["fused_profile"], v["teacher_s"] + v["score_serving_s"] + v["score_weights-only_s"]
+        rows += [("verbs: fideval fused (teacher + both paths, one pass)",
+                  f"{v['fused_s']:.1f} s against {sep:.1f} s separate ({sep / v['fused_s']:.2f}x); bytes equal: "
+                  f"{v['fused_identical']}", "the separate passes' bytes"),
+                 ("verbs: fused parts", parts_line(fp) + f"; store writes hidden {(fp.get('hidden') or {}).get('write', float('nan')):.1%}",
+                  "parts sum to the wall")]
     compute = {}
     if a.part in ("all", "compute"):
         for L in [int(x) for x in a.lengths.split(",") if x]:
-            for role in ("teacher", "candidate"):
+            for role in ("teacher", "candidate", "fused"):
                 if a.runs and f"{role}-{L}" not in a.runs.split(","):
                     continue
                 if a.deadline and time.perf_counter() - t_all > a.deadline:
@@ -514,7 +577,8 @@ def main() -> None:
                     continue
                 try:
                     c = (run_compute_child(work, L, a.tokens, role) if device == "cuda" else
-                         run_compute(ckpt, s, min(L, 256) if a.small else L, a.tokens, device, role == "candidate"))
+                         run_compute(ckpt, s, min(L, 256) if a.small else L, a.tokens, device,
+                                     "fused" if role == "fused" else role == "candidate"))
                 except Exception as e:  # out of memory at one length still leaves the others
                     rows.append((f"compute {role} L={L}", f"FAILED: {type(e).__name__}: {str(e).splitlines()[0][:300]}", ""))
                     if device == "cuda":

@@ -123,3 +123,43 @@ def test_configs_the_fused_pass_cannot_run_are_refused_in_one_line(setup, tmp_pa
                           "--out", tmp_path / "t", "--records", tmp_path / "r")
         assert words in res.error()
         assert not (tmp_path / "t").exists()
+
+
+def test_without_the_self_check_the_candidates_are_unchanged(setup):
+    where = setup["tmp"] / "noself"
+    res = run_fideval("fused", "--config", setup["cfg"], "--windows", setup["tokens"], "--domain", "code",
+                      "--out", where / "teacher", "--records", where / "records", "--no-self-check")
+    assert res.code == 0, res.stderr
+    assert not (where / "records" / "teacher-self").exists() and "3 records folders" in res.stdout
+    sep = setup["sep"] / "records" / "mx" / "serving" / "cuts" / "code" / "records.parquet"
+    assert _sha(sep) == _sha(where / "records" / "mx" / "serving" / "cuts" / "code" / "records.parquet")
+
+
+def test_validate_refuses_teacher_fused_where_the_pass_would(setup, tmp_path):
+    """`fideval validate` asks fideval.score.fused.refusal: one line naming the file and teacher.fused."""
+    cfg = yaml.safe_load(setup["cfg"].read_text())
+    ok = run_fideval("validate", setup["cfg"])  # (the fixture has no corpus or tokenizer: other lines, not this one)
+    assert "teacher.fused" not in ok.stdout + ok.stderr
+    cfg["model"]["implementation"] = "reference"
+    cfg["model"]["trust_remote_code"] = True
+    cfg["candidates"] = [{"name": "real", "checkpoint": str(tmp_path / "no.gguf"), "paths": ["weights-only"]}]
+    (tmp_path / "bad.yaml").write_text(yaml.safe_dump(cfg))
+    res = run_fideval("validate", tmp_path / "bad.yaml")
+    assert res.code == 2 and "Traceback" not in res.stderr
+    line = [ln for ln in (res.stdout + res.stderr).splitlines() if "teacher.fused" in ln]
+    assert len(line) == 1 and "model.implementation: transformers" in line[0] and "bad.yaml" in line[0]
+
+
+def test_running_out_of_gpu_memory_is_one_line_that_says_what_to_change(setup, tmp_path, monkeypatch):
+    import torch
+
+    from fideval.score import fused
+
+    def oom(*a, **k):
+        raise torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 1.50 GiB. GPU 0 has ...\nmore")
+
+    monkeypatch.setattr(fused, "run_fused", oom)
+    res = run_fideval("fused", "--config", setup["cfg"], "--windows", setup["tokens"], "--domain", "code",
+                      "--out", tmp_path / "t", "--records", tmp_path / "r")
+    line = res.error()
+    assert "ran out of GPU memory" in line and "teacher.fused: false" in line

@@ -67,6 +67,25 @@ def test_every_model_gets_its_separate_pass_bits(tmp_path, kw):
     assert all(at[(0, row)] < n for (k, row), n in at.items() if k)  # a row's teacher logits come first
 
 
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+@pytest.mark.parametrize("kw", [dict(micro_batch=2, mlp_tokens=24, host_budget_bytes=4 * 12 * 256 * 2)], ids=["blocks-chunks"])
+def test_every_model_gets_its_separate_pass_bits_on_the_gpu(tmp_path, kw):
+    """The GPU path: the read stays in pinned host memory and each model copies it to the device; bf16 compute,
+    the bf16 lm head where exact, states on the device or pinned on the host."""
+    folder = f8.build("deepseek_v3", "aligned", tmp_path / "fp8")
+    toks = np.random.default_rng(3).integers(0, f8.V, size=(6, 12)).astype(np.int32)
+    models = [(None, False), (SPECS[0], True), (SPECS[1], False)]
+    for budget in (None, 0):  # sized (states on the device) and 0 (states pinned on the host)
+        opts = dict(device="cuda", dtype=torch.bfloat16, device_budget_bytes=budget, **kw)
+        tl = Timeline(on=False)
+        runners = [Runner(folder, _options(s, sv, **opts), timeline=tl) for s, sv in models]
+        fused: list[dict] = [{} for _ in models]
+        for k, row, logits in Lockstep(runners).run_models(toks):
+            fused[k][row] = digest(logits)
+        for k, (spec, serving) in enumerate(models):
+            assert fused[k] == _separate(folder, spec, serving, toks, **opts)[0], f"model {k}, budget {budget}"
+
+
 def test_the_canaries_are_kept_per_model(tmp_path):
     folder = f8.build("deepseek_v3", "aligned", tmp_path / "fp8")
     toks = np.random.default_rng(4).integers(0, f8.V, size=(3, 10)).astype(np.int32)

@@ -71,16 +71,26 @@ def shipped_config_on(model: Path, path: Path) -> dict:
     return cfg
 
 
-def test_shipped_deepseek_v3_config_runs_end_to_end_on_a_tiny_fp8_release(tmp_path):
-    model = fp8_release_of_the_demo_model(tmp_path / "DeepSeek-V3-tiny-fp8")
-    cfg = shipped_config_on(model, tmp_path / "deepseek-v3-mxfp4.yaml")
-    work = tmp_path / "work"
+def _snakemake(work: Path, config: Path) -> None:
     work.mkdir()
     args = [sys.executable, "-m", "snakemake", "--snakefile", str(ROOT / "Snakefile"), "--directory", str(work),
-            "--configfile", str(tmp_path / "deepseek-v3-mxfp4.yaml"), "--cores", "2"]
+            "--configfile", str(config), "--cores", "2"]
     r = subprocess.run(args, capture_output=True, text=True, timeout=900)
     assert r.returncode == 0, r.stderr[-4000:]
 
+
+@pytest.fixture(scope="module")
+def separate(tmp_path_factory):
+    tmp_path = tmp_path_factory.mktemp("fp8wf")
+    model = fp8_release_of_the_demo_model(tmp_path / "DeepSeek-V3-tiny-fp8")
+    cfg = shipped_config_on(model, tmp_path / "deepseek-v3-mxfp4.yaml")
+    _snakemake(tmp_path / "work", tmp_path / "deepseek-v3-mxfp4.yaml")
+    return tmp_path, cfg
+
+
+def test_shipped_deepseek_v3_config_runs_end_to_end_on_a_tiny_fp8_release(separate):
+    tmp_path, cfg = separate
+    work = tmp_path / "work"
     report = json.loads((work / "reports" / cfg["run"] / "report.json").read_text())
     teachers = [json.loads(m["meta"]["teacher"]) for m in report["provenance"]["teacher_manifests"]]
     assert teachers and all("FP8 E4M3, 128x128 block scales" in t["weights"] for t in teachers)
@@ -93,3 +103,23 @@ def test_shipped_deepseek_v3_config_runs_end_to_end_on_a_tiny_fp8_release(tmp_pa
         lo, hi = kld["ci"]  # 3 windows: the default interval may be honestly unbounded above (flagged)
         assert lo <= kld["estimate"] and (kld["estimate"] <= hi if hi is not None else "unbounded" in kld["flags"])
         assert 0.5 < overall["top1"]["estimate"] <= 1
+
+
+def test_with_teacher_fused_the_workflow_writes_the_same_store_and_records(separate, tmp_path):
+    """teacher.fused: one `fideval fused` job per length and domain in place of the teacher, score and selfcheck
+    jobs; every teacher shard and records.parquet is the separate workflow's bytes, and the report is built."""
+    import hashlib
+
+    done, cfg = separate
+    fused = json.loads(json.dumps(cfg))
+    fused["teacher"]["fused"] = True
+    (tmp_path / "fused.yaml").write_text(yaml.safe_dump(fused, sort_keys=False))
+    _snakemake(tmp_path / "work", tmp_path / "fused.yaml")
+    sep, mine = done / "work" / "results" / cfg["run"], tmp_path / "work" / "results" / cfg["run"]
+    files = sorted(sep.glob("teacher/**/shards/*.safetensors")) + sorted(sep.glob("records/**/records.parquet"))
+    assert len(list(sep.glob("records/**/records.parquet"))) == 2 * 2 + 2  # 2 paths x 2 lengths, the self-checks
+    for f in files:
+        assert hashlib.sha256(f.read_bytes()).digest() == hashlib.sha256((mine / f.relative_to(sep)).read_bytes()).digest(), f
+    assert list((tmp_path / "work" / "logs" / cfg["run"]).glob("fused/*/*.log"))
+    assert not (tmp_path / "work" / "logs" / cfg["run"] / "score").exists()
+    assert (tmp_path / "work" / "reports" / cfg["run"] / "report.json").is_file()

@@ -54,8 +54,17 @@ def fused(
         for d in dirs:
             stack.enter_context(output_lock(d, "fused"))
             remove_temps(d)
-        r = run_fused(cfg, windows, domain, out, records, device=settings.device, settings=settings,
-                      self_check=self_check, peak_tflops=peak_tflops)
+        try:
+            r = run_fused(cfg, windows, domain, out, records, device=settings.device, settings=settings,
+                          self_check=self_check, peak_tflops=peak_tflops)
+        except RuntimeError as e:  # torch.OutOfMemoryError: the finished teacher shards and kept records stay
+            if "out of memory" not in str(e):
+                raise
+            from fideval.errors import FidevalError
+
+            raise FidevalError(f"the fused pass ran out of GPU memory ({str(e).splitlines()[0][:160]})",
+                               hint="set teacher.fused: false (separate passes), or smaller teacher.chunk_bytes and "
+                               "mlp_tokens; docs/runner.md, 'The fused pass'") from None
     from fideval.model.accounting import line
 
     verdict = {True: "identical", False: "DIFFERS", None: "unchecked"}

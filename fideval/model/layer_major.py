@@ -60,6 +60,7 @@ class LayerMajor:
         rows in ``emit`` (None: all), computing only the chunks that hold one (see :meth:`iter_logits`)."""
         for _, row, logits in self.run_models(tokens, rows, canary, emit, [canary_start]):
             yield row, logits
+            del logits
         self.canary = self.canaries[0]
 
     def run_models(self, tokens: np.ndarray, rows: list[int] | None = None, canary: bool = True,
@@ -80,9 +81,8 @@ class LayerMajor:
             return
         tl = self.timeline
         tl.start()
-        m, L, H = self.micro_batch, tokens.shape[1], self.hidden_size
-        per_seq = L * H * torch.empty((), dtype=self.dtype).element_size()
-        per_chunk = max(m, (self.host_budget // max(per_seq, 1)) // m * m)
+        m, L = self.micro_batch, tokens.shape[1]
+        per_chunk = self.chunk_sequences(L)
         chunks = [rows[a:a + per_chunk] for a in range(0, len(rows), per_chunk)]
         checks = [hooks.Canary(rows[:m] if canary else []) for _ in range(self.n_models)]
         todo = [ci for ci, chunk in enumerate(chunks) if emit is None or not emit.isdisjoint(chunk)]
@@ -111,11 +111,18 @@ class LayerMajor:
                 if k == 0:
                     self.stats["tokens"] += L
                 yield k, row, logits
+                del logits  # a view of a micro-batch's logits: not held while the next chunk computes
         self.canaries = [c.verdict for c in checks]
         self.canary = self.canaries[0]
         self.stats["wall_s"] += time.perf_counter() - t0
         if tl.on and not tl.cuda:  # free on a CPU; on a GPU finish_profile() synchronizes once
             self.finish_profile()
+
+    def chunk_sequences(self, length: int) -> int:
+        """Sequences of ``length`` tokens a chunk holds: whole micro-batches of hidden states within ``host_budget``."""
+        m = self.micro_batch
+        per_seq = length * self.hidden_size * torch.empty((), dtype=self.dtype).element_size()
+        return max(m, (self.host_budget // max(per_seq, 1)) // m * m)
 
     def _chunk_models(self, tokens: np.ndarray, mbs: list[list[int]], ci: int, solo: set[int], canary: int | None
                       ) -> Iterator[tuple[int, int, int, torch.Tensor]]:

@@ -3,10 +3,11 @@
 Why: a separate candidate pass reads every layer's weights from disk again, and reads the teacher's whole store
 back (DeepSeek-V4.1-Flash: 24 of an extrapolated 46 minutes, docs/runner.md "Run settings and accounting").
 Here the teacher and every emulated candidate advance through each layer together: layer ``i``'s tensors are
-read once (onto the device, as :meth:`Adapter.read_layer` reads them), and each model materialises its own copy
-from them -- an FP8 release is dequantized per model (a new tensor), a stored tensor is cloned for a model whose
-weight transform writes in place -- so at most two materialised units and one read exist at a time, as in a
-separate pass. The units run in one fixed order, ``(layer, model)``; each model keeps its own hidden states
+read from disk once, into pinned host memory (as stored: FP8 with its scales), and each model copies them onto
+the device and materialises its own weights from that copy (dequantized, transformed in place), so the device
+holds at most two materialised units as in a separate pass, plus one unit's stored copy while it materialises
+(kept on the device across the models, the read would add 11 GB of FP8 per DeepSeek-V3 MoE layer). The units
+run in one fixed order, ``(layer, model)``; each model keeps its own hidden states
 under the same chunks, micro-batches and MLP blocks as its separate pass, and computes with its own
 :class:`~fideval.model.runner.Runner` steps, so every model's logits are bit-identical to its separate pass.
 
@@ -85,14 +86,15 @@ class Lockstep(LayerMajor):
                 mod = r._load_head()
             else:
                 i = int(unit)
-                if (ci, i) not in self._raw:
-                    self._raw = {(ci, i): r.adapter.read_layer(i, r.adapter.meta_layer(i, r.dtype), None,
-                                                               pin=self.device.type == "cuda", device=self.device,
-                                                               side_stream=self.side)}
+                cuda = self.device.type == "cuda"
+                if (ci, i) not in self._raw:  # read once, kept in (pinned) host memory for the other models
+                    self._raw = {(ci, i): r.adapter.read_layer(i, r.adapter.meta_layer(i, r.dtype), None, pin=cuda)}
                 raw = self._raw[(ci, i)] if k < self.n_models - 1 else self._raw.pop((ci, i))
-                # a plain tensor is the model's own weight once cast to its dtype; a transform writes into it
-                own = r.options.weight_transform is not None
-                tensors = {n: t.clone() if own and isinstance(t, torch.Tensor) else t for n, t in raw.items()}
+                if cuda:  # each model's own device copy: its cast or transform writes nothing another model reads
+                    tensors = {n: t.to(self.device, non_blocking=True) for n, t in raw.items()}
+                else:  # on the CPU a stored tensor is the model's weight once cast: a transform writes into it
+                    own = r.options.weight_transform is not None
+                    tensors = {n: t.clone() if own and isinstance(t, torch.Tensor) else t for n, t in raw.items()}
                 del raw
                 layer = r.adapter.meta_layer(i, r.dtype)
                 mod = r.adapter.materialize(i, layer, tensors, r.dtype, None, r.options.weight_transform)

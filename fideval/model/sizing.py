@@ -32,6 +32,10 @@ sequence length ``L``, hidden size ``H`` (docs/runner.md, "Run settings and acco
   blocks, at most 2^22 tokens: each chunk reads every layer's weights once, so the bigger the better, and the
   states stay on the GPU (``device_budget_bytes``, which moves no bits).
 
+The fused pass (``models`` = K, fideval.model.lockstep) shares the chunk's state budget among its K models,
+counts K float32 heads against ``W``, three micro-batches of logits at the head, and the next unit's stored copy
+(FP8: a byte a weight) beside the two materialised units.
+
 An explicit number (config or CLI) replaces its ``auto`` and the others are sized around it; ``None`` for
 ``mlp_tokens`` is "no throughput mode", for ``chunk_bytes`` the runner's default (4 GiB).
 """
@@ -131,6 +135,13 @@ def footprint(cfg: Any, dtype: torch.dtype, seq_len: int, world: int = 1, math_a
                      head_unit=units[-1])
 
 
+def _stored_bytes(cfg: Any, dtype: torch.dtype) -> int:
+    """Bytes per weight as the checkpoint stores them: 1 for an FP8 release, else the compute dtype's."""
+    qc = cfg.get("quantization_config") if isinstance(cfg, dict) else getattr(cfg, "quantization_config", None)
+    method = (qc.get("quant_method") if isinstance(qc, dict) else getattr(qc, "quant_method", None)) if qc else None
+    return 1 if method == "fp8" else torch.empty((), dtype=dtype).element_size()
+
+
 def _head_dim(cfg: Any, d) -> int:
     get = cfg.get if isinstance(cfg, dict) else lambda k, v=None: getattr(cfg, k, v)
     if get("kv_lora_rank"):
@@ -159,6 +170,8 @@ def choose(device: torch.device | str, dtype: torch.dtype, cfg: Any, seq_len: in
     F = int(free_bytes if free_bytes is not None else torch.cuda.mem_get_info(dev)[0])
     models = max(1, int(models))
     W = max(2 * fp.unit_bytes, models * fp.head_unit)
+    if models > 1:  # the next unit's stored copy on the device while it materialises (docs/runner.md, 'The fused pass')
+        W += fp.unit_bytes // torch.empty((), dtype=dtype).element_size() * _stored_bytes(cfg, dtype)
     R = RESERVE_BYTES + RESERVE_FRACTION * F
     A = F - W - R
     one = L * (max(fp.attention + fp.scores, fp.mlp, fp.head) + fp.state)

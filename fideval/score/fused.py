@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import json
 import os
+import sys
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -179,7 +180,7 @@ def run_fused(cfg: Any, windows: str | Path, domain: str, out: str | Path, recor
     # scorings[k]: what scores model k's rows (model 0, the teacher: the self-check, if asked)
     named = [(c.name, p, info) for (c, p), (_, info) in zip(pairs, hooks)]
     scorings: list[_Scoring | None] = []
-    for name, path, info in [(*SELF, None) if self_check else None] + named:
+    for name, path, info in [(*SELF, None) if self_check else (None, None, None)] + named:
         if name is None:
             scorings.append(None)
             continue
@@ -214,6 +215,10 @@ def run_fused(cfg: Any, windows: str | Path, domain: str, out: str | Path, recor
     writer.meta["teacher"] = json.dumps(block, sort_keys=True)
     bg = BackgroundWriter(writer, timeline=timeline)
     lock = Lockstep(runners)
+    per_chunk = lock.chunk_sequences(seqs.tokens.shape[1])
+    print(f"fused {kind}/{domain}: {len(runners)} models, {len(emit)} of {len(ids)} sequences to compute, "
+          f"{per_chunk} a chunk ({-(-len(ids) // per_chunk)} chunks: each layer is read once a chunk); "
+          f"micro-batch {st.micro_batch}, mlp tokens {st.mlp_tokens or 'off'}", file=sys.stderr, flush=True)
     last, written = len(runners) - 1, 0
     active = [s for s in scorings if s is not None]
 
@@ -253,7 +258,9 @@ def run_fused(cfg: Any, windows: str | Path, domain: str, out: str | Path, recor
             s.cache.clear()
         raise
     except KeyboardInterrupt:
-        bg.close()
+        bg.close()  # the queued teacher shards are written: the records scored against them are kept
+        for s in active:
+            s.keep(teacher_sha)
         raise Interrupted(f"fused pass interrupted: {len(done) + written} teacher shards and the records scored against "
                           f"them are kept", hint="run the same command again to resume") from None
     except BaseException:

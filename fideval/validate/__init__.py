@@ -65,6 +65,7 @@ def check_config(cfg: Any) -> Findings:
     reference.check(cfg, probe.folder, found)
     model.check_parallel(cfg, probe, found)
     model.check_head(cfg, found)
+    model.check_fused(cfg, found)
     tokenizer.check(cfg, found)
     candidates.check(cfg, probe, found)
     sizes.check(cfg, probe, found)

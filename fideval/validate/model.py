@@ -179,3 +179,15 @@ def check_head(cfg: Any, found: Findings) -> None:
                                "cpu" if cfg.teacher.device == "cpu" else "cuda", resolve_dtype(cfg.teacher.dtype))
     if msg:
         found.add("teacher.lm_head", msg, head.HINT)
+
+
+def check_fused(cfg: Any, found: Findings) -> None:
+    """``teacher.fused`` where ``fideval fused`` would refuse it (fideval.score.fused.refusal): the reference code,
+    model parallel, no emulated candidate."""
+    if not cfg.teacher.fused:
+        return
+    from fideval.score.fused import refusal
+
+    why = refusal(cfg)
+    if why:
+        found.add("teacher.fused", why, "set teacher.fused: false to run the teacher and each candidate separately")

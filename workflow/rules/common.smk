@@ -1,5 +1,6 @@
 # Helpers shared by the rules: the config, names of every output, and per-rule settings.
 # No evaluation logic lives here; every rule's `shell:` calls one `fideval` verb.
+import re
 import sys
 
 
@@ -34,6 +35,20 @@ KINDS = list(CFG.teacher.lengths)
 CANDIDATES = {c.name: list(c.paths) for c in CFG.candidates}
 MP = CFG.teacher.model_parallel
 HEADLINE = CFG.candidates[0].name if CFG.candidates else "none"
+# teacher.fused: one `fideval fused` job per (length, domain) writes the store, every emulated candidate's records
+# and the self-check (workflow/rules/teacher.smk); real builds keep their own `score` jobs
+FUSED = bool(CFG.teacher.fused)
+FUSED_PAIRS = (
+    [(c.name, p) for c in CFG.candidates if c.checkpoint is None for p in c.paths]
+    if FUSED
+    else []
+)
+SEPARATE = sorted(
+    {c.name for c in CFG.candidates if not FUSED or c.checkpoint is not None}
+)
+SEPARATE_RE = (
+    "|".join(re.escape(n) for n in SEPARATE) or r"(?!x)x"
+)  # the `score` rule's candidates
 NOISE_MICRO_BATCH = CFG.report.noise_floor.micro_batch if CFG.report.noise_floor else 0
 
 
