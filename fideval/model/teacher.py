@@ -166,7 +166,7 @@ def read_checked(windows_dir: Path, folders: list[Path], domains: list[str] | No
 
 
 def sized_settings(dev, dtype: str, config, seqs: list, todo: int, out: Path, world: int, group, asked: dict,
-              recorded: dict | None, reference: bool = False, models: int = 1):
+                   recorded: dict | None, reference: bool = False, models: int = 1):
     """Sizing (fideval.model.sizing) for the longest sequences of the run, every ``auto`` a resumed store recorded
     taken from it; under torchrun rank 0's settings for every rank. ``reference``: the vendor's code, whose
     attention materialises its scores and splits its heads over the ranks."""
@@ -197,7 +197,6 @@ def run_teacher(model_dir, windows_dir, out, *, kinds=KINDS, device="auto", dtyp
     ``trust_remote_code``); the store's ``teacher`` block then records the code's SHA-256 per file and kernels.
     ``lm_head``: the head's arithmetic (fideval.model.head), recorded; a resumed store keeps its own."""
     t_start = time.perf_counter()
-
     from fideval.model import accounting, sizing
     from fideval.model.adapters import Adapter
     from fideval.model.checkpoint import open_weights
@@ -259,7 +258,7 @@ def run_teacher(model_dir, windows_dir, out, *, kinds=KINDS, device="auto", dtyp
     todo = sum(len(s.ids) - sum(sid in done for sid in s.ids) for s in seqs)
     recorded = recorded_settings(out)  # a resumed store's settings: read once, for sizing and the lm head
     st = sized_settings(dev, dtype, config, seqs, todo, out, world, group, asked, recorded,
-                   reference=implementation == "reference")
+                        reference=implementation == "reference")
     block.update(st.recorded())
     timeline = Timeline(dev)
     head = adopt_head(lm_head, (recorded or {}).get("lm_head"), f"store {out}")

@@ -215,10 +215,10 @@ def run_fused(cfg: Any, windows: str | Path, domain: str, out: str | Path, recor
     writer.meta["teacher"] = json.dumps(block, sort_keys=True)
     bg = BackgroundWriter(writer, timeline=timeline)
     lock = Lockstep(runners)
-    per_chunk = lock.chunk_sequences(seqs.tokens.shape[1])
-    print(f"fused {kind}/{domain}: {len(runners)} models, {len(emit)} of {len(ids)} sequences to compute, "
-          f"{per_chunk} a chunk ({-(-len(ids) // per_chunk)} chunks: each layer is read once a chunk); "
-          f"micro-batch {st.micro_batch}, mlp tokens {st.mlp_tokens or 'off'}", file=sys.stderr, flush=True)
+    n_chunks = -(-len(ids) // lock.chunk_sequences(seqs.tokens.shape[1]))
+    print(f"fused {kind}/{domain}: {len(runners)} models, {len(emit)} of {len(ids)} sequences to compute in "
+          f"{n_chunks} chunk{'s' if n_chunks != 1 else ''} (each layer is read once a chunk); micro-batch "
+          f"{st.micro_batch}, mlp tokens {st.mlp_tokens or 'off'}", file=sys.stderr, flush=True)
     last, written = len(runners) - 1, 0
     active = [s for s in scorings if s is not None]
 
