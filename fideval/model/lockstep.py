@@ -108,6 +108,15 @@ class Lockstep(LayerMajor):
         r.ledger.track(key, mod)
         return mod
 
+    def _drained(self) -> None:
+        """On a GPU, wait until the stream has run the unit just computed before the loader may start the unit after
+        next: a unit's weights, recorded on the compute stream, cannot be reused until the kernels reading them are
+        done, so without this wait a third unit can hold memory beside the two the sizing counts. A hypothesis from
+        the full-size runs that ran out of memory (docs/runner.md, 'The fused pass'); the wait moves no bits, and
+        its effect at full size is unmeasured."""
+        if self.side is not None:
+            torch.cuda.current_stream(self.device).synchronize()
+
     # -- one chunk, every model --------------------------------------------------------------------------------
     def _chunk_models(self, tokens: np.ndarray, mbs: list[list[int]], ci: int, solo: set[int], canary: int | None
                       ) -> Iterator[tuple[int, int, int, torch.Tensor]]:
@@ -134,6 +143,7 @@ class Lockstep(LayerMajor):
                 for i in range(n_layers):
                     for r, c in zip(self.runners, cs):
                         r.layer_step(c, i, get())
+                        self._drained()
                         pf.release()
                 heads = []
                 for _ in range(K):  # every head resident: the candidates' rows meet the teacher's per micro-batch
