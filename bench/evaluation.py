@@ -320,7 +320,8 @@ def run_compute(ckpt: Path, s: dict, L: int, tokens: int, device: str, candidate
     w = open_weights(ckpt)
     adapter = Adapter.load(w)
     fused = candidate == "fused"
-    st = sizing.choose(dev, torch.bfloat16, adapter.config, L, n_sequences=n, models=3 if fused else 1)
+    st = sizing.choose(dev, torch.bfloat16, adapter.config, L, n_sequences=n, models=3 if fused else 1,
+                       stored_bytes=1 if adapter.release is not None else None)
     timeline = Timeline(dev)
     base = dict(device=dev, dtype=torch.bfloat16, profile=True, **st.runner_options())
     if fused:  # fideval fused's pass: the teacher, the serving and the weights-only candidate, each layer read once

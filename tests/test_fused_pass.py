@@ -163,3 +163,17 @@ def test_running_out_of_gpu_memory_is_one_line_that_says_what_to_change(setup, t
                       "--out", tmp_path / "t", "--records", tmp_path / "r")
     line = res.error()
     assert "ran out of GPU memory" in line and "teacher.fused: false" in line
+
+
+def test_a_windows_folder_of_two_lengths_is_one_line_and_writes_nothing(setup, tmp_path):
+    from fideval.windows.layout import length_dir
+
+    root = tmp_path / "w"
+    for kind, L in (("windows", 24), ("cuts", 12)):
+        toks = np.zeros((2, L), np.int32)
+        write_sequences(length_dir(root, kind, L), Sequences(["code-000", "code-001"] if kind == "windows" else
+                                                             ["code-000.c0", "code-000.c1"], ["code"] * 2, toks))
+    res = run_fideval("fused", "--config", setup["cfg"], "--windows", root, "--domain", "code",
+                      "--out", tmp_path / "t", "--records", tmp_path / "r")
+    assert "takes one token file" in res.error()
+    assert not (tmp_path / "t").exists() and not (tmp_path / "r").exists()

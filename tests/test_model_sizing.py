@@ -106,3 +106,16 @@ def test_a_resumed_store_s_settings_fill_every_auto():
     assert sizing.adopt({"micro_batch": 2}, None, "s") == {"micro_batch": 2}
     with pytest.raises(FidevalError, match="store x was written with mlp_tokens 65536, this run asks for 1024"):
         sizing.adopt({"micro_batch": "auto", "mlp_tokens": 1024, "chunk_bytes": "auto"}, ran, "store x")
+
+
+def test_a_fused_pass_shares_the_states_among_its_models_and_counts_the_next_unit_as_stored():
+    """models=3 (fideval.model.lockstep): the chunk's states are a third each; W adds the next unit as stored -- a
+    byte a weight for an FP8 release, the compute dtype's bytes otherwise."""
+    free, L = 139 * GiB, 2048
+    one = sizing.choose("cuda", torch.bfloat16, DSV3, L, free_bytes=free)
+    unit = layer_params(DSV3)[3] * 2
+    fp8 = sizing.choose("cuda", torch.bfloat16, DSV3, L, free_bytes=free, models=3, stored_bytes=1)
+    bf16 = sizing.choose("cuda", torch.bfloat16, DSV3, L, free_bytes=free, models=3)
+    assert fp8.plan["weights_bytes"] == one.plan["weights_bytes"] + unit // 2
+    assert bf16.plan["weights_bytes"] == one.plan["weights_bytes"] + unit
+    assert fp8.device_budget_bytes * 3 <= fp8.plan["state_bytes"] and fp8.chunk_bytes <= fp8.device_budget_bytes

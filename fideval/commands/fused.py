@@ -33,8 +33,7 @@ def fused(
     from fideval.config import load_config
     from fideval.fsio import remove_temps
     from fideval.lock import output_lock
-    from fideval.model.teacher import sequence_folders
-    from fideval.score.fused import fusable, records_dir, refusal, run_fused
+    from fideval.score.fused import fusable, one_length, records_dir, refusal, run_fused
     from fideval.score.run import ScoreSettings
 
     cfg = load_config(config)
@@ -43,8 +42,7 @@ def fused(
         from fideval.errors import FidevalError
 
         raise FidevalError(f"{config}: {why}", hint="set teacher.fused: false to run the teacher and each candidate separately")
-    _, folders = sequence_folders(windows, ("windows", "cuts"))
-    kind = folders[0].name.rpartition("-")[0]
+    _, _, kind = one_length(windows)  # a bad --windows fails before any output folder exists
     settings = ScoreSettings.of(cfg.score, device=device or cfg.teacher.device, kernel=kernel)
     dirs = [records_dir(records, c.name, p, kind, domain) for c, p in fusable(cfg)]
     if self_check:

@@ -21,13 +21,11 @@ real build reads other files), and models whose bit-shaping settings differ.
 from __future__ import annotations
 
 from collections.abc import Iterator
-from contextlib import nullcontext
 
 import numpy as np
 import torch
 
 from fideval.errors import FidevalError
-from fideval.model import hooks
 from fideval.model.layer_major import LayerMajor
 from fideval.model.prefetch import Prefetch
 from fideval.model.runner import Runner
@@ -75,38 +73,18 @@ class Lockstep(LayerMajor):
 
     # -- loading (the prefetch thread) ------------------------------------------------------------------------
     def _load(self, key: tuple) -> torch.nn.Module:
-        """Unit ``(chunk, "embed" | layer | "head", model)``: a layer's tensors are read for its first model and
-        dropped after its last one has materialised them."""
+        """Unit ``(chunk, "embed" | layer | "head", model)``, by that model's runner: a layer's tensors are read into
+        (pinned) host memory for its first model and dropped once its last one has materialised them."""
         ci, unit, k = key
         r = self.runners[k]
-        with torch.cuda.stream(self.side) if self.side is not None else nullcontext():
-            if unit == "embed":
-                mod = r._load_embed()
-            elif unit == "head":
-                mod = r._load_head()
-            else:
-                i = int(unit)
-                cuda = self.device.type == "cuda"
-                if (ci, i) not in self._raw:  # read once, kept in (pinned) host memory for the other models
-                    self._raw = {(ci, i): r.adapter.read_layer(i, r.adapter.meta_layer(i, r.dtype), None, pin=cuda)}
-                raw = self._raw[(ci, i)] if k < self.n_models - 1 else self._raw.pop((ci, i))
-                if cuda:  # each model's own device copy: its cast or transform writes nothing another model reads
-                    tensors = {n: t.to(self.device, non_blocking=True) for n, t in raw.items()}
-                else:  # on the CPU a stored tensor is the model's weight once cast: a transform writes into it
-                    own = r.options.weight_transform is not None
-                    tensors = {n: t.clone() if own and isinstance(t, torch.Tensor) else t for n, t in raw.items()}
-                del raw
-                layer = r.adapter.meta_layer(i, r.dtype)
-                mod = r.adapter.materialize(i, layer, tensors, r.dtype, None, r.options.weight_transform)
-                del tensors
-                hooks.install(mod, i, r.act_transform, None, 1, None, r._lean_path())
-            mod.requires_grad_(False)
-            if self.side is not None:
-                ev = torch.cuda.Event()
-                ev.record(self.side)
-                ev.synchronize()
-        r.ledger.track(key, mod)
-        return mod
+        stored = None
+        if unit not in ("embed", "head"):
+            i = int(unit)
+            if (ci, i) not in self._raw:
+                self._raw = {(ci, i): r.adapter.read_layer(i, r.adapter.meta_layer(i, r.dtype), None,
+                                                           pin=self.device.type == "cuda")}
+            stored = self._raw[(ci, i)] if k < self.n_models - 1 else self._raw.pop((ci, i))
+        return r._load(key, stored)  # the model in the key: a ledger shared by the runners counts each unit apart
 
     def _drained(self) -> None:
         """On a GPU, wait until the stream has run the unit just computed before the loader may start the unit after

@@ -156,8 +156,11 @@ class Runner(LayerMajor):
         return self.blocks is not None and self.blocks.warming
 
     # -- loading (runs on the prefetch thread) -----------------------------------------------------------
-    def _load(self, key: tuple):
-        """Materialise one unit (``(chunk, "embed" | layer index | "head")``) on the prefetch thread."""
+    def _load(self, key: tuple, stored: dict | None = None):
+        """Materialise one unit (``(chunk, "embed" | layer index | "head", ...)``) on the prefetch thread. ``stored``: a
+        layer's tensors already read into host memory (fideval.model.lockstep, one read for several models): this
+        runner copies them to its device -- on the CPU, clones the ones its weight transform writes into -- so
+        nothing it casts or transforms is another model's."""
         unit = key[1]
         stream_ctx = torch.cuda.stream(self.side) if self.side is not None else nullcontext()
         with stream_ctx:
@@ -169,8 +172,14 @@ class Runner(LayerMajor):
                 i = int(unit)
                 layer = self.adapter.meta_layer(i, self.dtype)
                 ex = self.experts.get(i) if self.world > 1 else None
-                tensors = self.adapter.read_layer(i, layer, ex, pin=self.device.type == "cuda", device=self.device,
-                                                  side_stream=self.side)
+                if stored is None:
+                    tensors = self.adapter.read_layer(i, layer, ex, pin=self.device.type == "cuda", device=self.device,
+                                                      side_stream=self.side)
+                elif self.device.type == "cuda":
+                    tensors = {n: t.to(self.device, non_blocking=True) for n, t in stored.items()}
+                else:
+                    own = self.options.weight_transform is not None
+                    tensors = {n: t.clone() if own and isinstance(t, torch.Tensor) else t for n, t in stored.items()}
                 mod = self.adapter.materialize(i, layer, tensors, self.dtype, ex, self.options.weight_transform)
                 del tensors
                 hooks.install(mod, i, self.act_transform, ex, self.world, self.group, self._lean_path())

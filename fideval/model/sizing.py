@@ -135,13 +135,6 @@ def footprint(cfg: Any, dtype: torch.dtype, seq_len: int, world: int = 1, math_a
                      head_unit=units[-1])
 
 
-def _stored_bytes(cfg: Any, dtype: torch.dtype) -> int:
-    """Bytes per weight as the checkpoint stores them: 1 for an FP8 release, else the compute dtype's."""
-    qc = cfg.get("quantization_config") if isinstance(cfg, dict) else getattr(cfg, "quantization_config", None)
-    method = (qc.get("quant_method") if isinstance(qc, dict) else getattr(qc, "quant_method", None)) if qc else None
-    return 1 if method == "fp8" else torch.empty((), dtype=dtype).element_size()
-
-
 def _head_dim(cfg: Any, d) -> int:
     get = cfg.get if isinstance(cfg, dict) else lambda k, v=None: getattr(cfg, k, v)
     if get("kv_lora_rank"):
@@ -152,11 +145,12 @@ def _head_dim(cfg: Any, d) -> int:
 def choose(device: torch.device | str, dtype: torch.dtype, cfg: Any, seq_len: int, *, n_sequences: int | None = None,
            world: int = 1, micro_batch: int | str = AUTO, mlp_tokens: int | str | None = AUTO,
            chunk_bytes: int | str | None = AUTO, free_bytes: int | None = None, math_attention: bool | None = None,
-           split_heads: bool = False, models: int = 1) -> Settings:
+           split_heads: bool = False, models: int = 1, stored_bytes: int | None = None) -> Settings:
     """The settings for one run on ``device`` (module docstring); explicit values are kept as given. ``models``:
     the fused pass's teacher and candidates (fideval.model.lockstep), whose hidden states share the chunk's
     budget, whose heads are all resident at the end of a chunk, and at whose head a micro-batch's teacher and
-    candidate logits are on the device together."""
+    candidate logits are on the device together; ``stored_bytes``: bytes a weight as the checkpoint stores it (1 for
+    an FP8 release; None: the compute dtype's), for the fused pass's stored copy of the next unit."""
     dev = torch.device(device)
     if dev.type != "cuda":  # CPU: today's defaults for whatever is auto
         return Settings(micro_batch=1 if micro_batch == AUTO else int(micro_batch),
@@ -171,7 +165,8 @@ def choose(device: torch.device | str, dtype: torch.dtype, cfg: Any, seq_len: in
     models = max(1, int(models))
     W = max(2 * fp.unit_bytes, models * fp.head_unit)
     if models > 1:  # the next unit's stored copy on the device while it materialises (docs/runner.md, 'The fused pass')
-        W += fp.unit_bytes // torch.empty((), dtype=dtype).element_size() * _stored_bytes(cfg, dtype)
+        b = torch.empty((), dtype=dtype).element_size()
+        W += fp.unit_bytes // b * (stored_bytes or b)
     R = RESERVE_BYTES + RESERVE_FRACTION * F
     A = F - W - R
     one = L * (max(fp.attention + fp.scores, fp.mlp, fp.head) + fp.state)

@@ -166,7 +166,7 @@ def read_checked(windows_dir: Path, folders: list[Path], domains: list[str] | No
 
 
 def sized_settings(dev, dtype: str, config, seqs: list, todo: int, out: Path, world: int, group, asked: dict,
-                   recorded: dict | None, reference: bool = False, models: int = 1):
+                   recorded: dict | None, reference: bool = False, models: int = 1, stored_bytes: int | None = None):
     """Sizing (fideval.model.sizing) for the longest sequences of the run, every ``auto`` a resumed store recorded
     taken from it; under torchrun rank 0's settings for every rank. ``reference``: the vendor's code, whose
     attention materialises its scores and splits its heads over the ranks."""
@@ -176,7 +176,8 @@ def sized_settings(dev, dtype: str, config, seqs: list, todo: int, out: Path, wo
     asked = sizing.adopt(asked, recorded, f"store {out}")
     length = max((s.tokens.shape[1] for s in seqs if s.tokens.size), default=1)
     st = sizing.choose(dev, resolve_dtype(dtype), config, length, n_sequences=todo, world=world,
-                       math_attention=True if reference else None, split_heads=reference, models=models, **asked)
+                       math_attention=True if reference else None, split_heads=reference, models=models,
+                       stored_bytes=stored_bytes, **asked)
     if world > 1:  # sized from each rank's free memory: rank 0's numbers for all, or ranks would differ in bits
         import torch.distributed as dist
 

@@ -76,13 +76,12 @@ class _Scoring:
 
     candidate: Any
     out_dir: Path
-    run: Any
-    cache: Any
+    settings: Any  # fideval.score.run.ScoreSettings
+    run: Any  # fideval.score.run._Run
+    cache: Any  # fideval.score.resume.ShardCache
     starts: dict[str, int]
-    stats: dict[str, dict] = field(default_factory=dict)
-    waiting: list = field(default_factory=list)
-    need: set = field(default_factory=set)
-    settings: Any = None
+    stats: dict[str, dict] = field(default_factory=dict)  # kept or scored shards' figures
+    waiting: list = field(default_factory=list)  # scored, waiting for their teacher shard on disk
 
     def score(self, sid: str, logits: Any) -> None:
         from fideval.score.candidate import CandidateShard
@@ -109,6 +108,17 @@ class _Scoring:
         self.waiting = still
 
 
+def one_length(windows: str | Path) -> tuple[Path, Path, str]:
+    """The windows folder, the one sequence folder and its kind (``windows``/``cuts``) a fused pass runs on."""
+    from fideval.model.teacher import sequence_folders
+
+    windows_dir, folders = sequence_folders(Path(windows), ("windows", "cuts"))
+    if len(folders) != 1:
+        raise FidevalError(f"--windows {windows}: the fused pass takes one token file (one length)",
+                           hint="give windows-<W>/tokens.safetensors or cuts-<C>/tokens.safetensors")
+    return windows_dir, folders[0], folders[0].name.rpartition("-")[0]
+
+
 def run_fused(cfg: Any, windows: str | Path, domain: str, out: str | Path, records: str | Path, *, device: str = "auto",
               settings: Any = None, self_check: bool = True, peak_tflops: float | None = None) -> dict[str, Any]:
     """The fused pass over one token file's sequences of ``domain``: the teacher store at ``out`` and each candidate's
@@ -129,7 +139,6 @@ def run_fused(cfg: Any, windows: str | Path, domain: str, out: str | Path, recor
         adopt_head,
         read_checked,
         recorded_settings,
-        sequence_folders,
         sized_settings,
         store_meta,
         stored_digest,
@@ -148,12 +157,8 @@ def run_fused(cfg: Any, windows: str | Path, domain: str, out: str | Path, recor
         raise FidevalError(why, hint="set teacher.fused: false to run the teacher and each candidate separately")
     if int(os.environ.get("WORLD_SIZE", "1")) > 1:
         raise FidevalError("fideval fused runs on one GPU, not under torchrun", hint="set teacher.fused: false for model parallel")
-    windows, out, records = Path(windows), Path(out), Path(records)
-    windows_dir, folders = sequence_folders(windows, ("windows", "cuts"))
-    if len(folders) != 1:
-        raise FidevalError(f"--windows {windows}: the fused pass takes one token file (one length)",
-                           hint="give windows-<W>/tokens.safetensors or cuts-<C>/tokens.safetensors")
-    kind = folders[0].name.rpartition("-")[0]
+    out, records = Path(out), Path(records)
+    windows_dir, folder, kind = one_length(windows)
     files = locate(cfg.model.path, cfg.model.revision)
     model_dir = Path(files.folder)
     model_sha, win_sha = tokenizer_shas(model_dir, windows_dir)
@@ -172,24 +177,16 @@ def run_fused(cfg: Any, windows: str | Path, domain: str, out: str | Path, recor
                              release=adapter.release, vocab=vocab, model_id=cfg.model.id,
                              model_revision=files.revision or cfg.model.revision, tokenizer_sha256=win_sha or model_sha)
     writer = StoreWriter(out, meta)
-    seqs = read_checked(windows_dir, folders, [domain], vocab)[0]
+    seqs = read_checked(windows_dir, [folder], [domain], vocab)[0]
     ids = list(seqs.ids)
     done = {sid for sid in ids if writer.done(sid)}
     live = _Live(seqs, vocab, meta, out)
     starts = first_rows(live, ids, None)
-    # scorings[k]: what scores model k's rows (model 0, the teacher: the self-check, if asked)
-    named = [(c.name, p, info) for (c, p), (_, info) in zip(pairs, hooks)]
-    scorings: list[_Scoring | None] = []
-    for name, path, info in [(*SELF, None) if self_check else (None, None, None)] + named:
-        if name is None:
-            scorings.append(None)
-            continue
-        cand = Candidate(name=name, path=path, shards=(), info=info, is_teacher=info is None)
-        scorings.append(_Scoring(cand, records_dir(records, name, path, kind, domain), None, None, starts))
     recorded = recorded_settings(out)
     asked = {k: parse(getattr(cfg.teacher, k), f"teacher.{k}", off=k != "micro_batch")
              for k in ("micro_batch", "mlp_tokens", "chunk_bytes")}
-    st = sized_settings(dev, dtype, adapter.config, [seqs], len(ids), out, 1, None, asked, recorded, models=1 + len(pairs))
+    st = sized_settings(dev, dtype, adapter.config, [seqs], len(ids), out, 1, None, asked, recorded, models=1 + len(pairs),
+                        stored_bytes=1 if adapter.release is not None else None)
     block.update(st.recorded())
     timeline = Timeline(dev)
     head = adopt_head(cfg.teacher.lm_head, (recorded or {}).get("lm_head"), f"store {out}")
@@ -198,20 +195,25 @@ def run_fused(cfg: Any, windows: str | Path, domain: str, out: str | Path, recor
     block["lm_head"] = teacher.head_mode
     cand_head = "auto" if teacher.head_mode == "bf16" else "float32"  # as fideval.score.candidate.teacher_settings
     runners = [teacher] + [Runner(model_dir, RunnerOptions(head=cand_head, **h, **base), timeline=timeline) for h, _ in hooks]
-    for s, r in zip(scorings[1:], runners[1:]):
-        s.candidate.info["run_settings"] = {"dtype": dtype, **st.recorded(), "lm_head": r.head_mode}
-    for s in (s for s in scorings if s is not None):
-        # the self-check as the workflow's selfcheck rule runs it: `fideval score --self-check`, without the config
-        own = ScoreSettings(device=settings.device, kernel=settings.kernel) if s.candidate.is_teacher else settings
-        s.run, s.settings = _Run(live, dev, kernel, own, live, timeline), own
-        s.cache = ShardCache(s.out_dir, _inputs(s.candidate, kernel, dev, own))
+    named = [(*SELF, None, None)] if self_check else []  # the self-check, as `fideval score --self-check` runs it
+    named += [(c.name, p, {**info, "run_settings": {"dtype": dtype, **st.recorded(), "lm_head": r.head_mode}}, settings)
+              for (c, p), (_, info), r in zip(pairs, hooks, runners[1:])]
+    active: list[_Scoring] = []
+    for name, path, info, own in named:
+        own = own or ScoreSettings(device=settings.device, kernel=settings.kernel)  # the self-check: no config
+        cand = Candidate(name=name, path=path, shards=(), info=info, is_teacher=info is None)
+        where = records_dir(records, name, path, kind, domain)
+        s = _Scoring(cand, where, own, _Run(live, dev, kernel, own, live, timeline),
+                     ShardCache(where, _inputs(cand, kernel, dev, own)), starts)
         for sid in done:  # a teacher shard on disk has its key: its records may be kept from a killed run
             kept = s.cache.load(sid, s.cache.key(sid, writer.entry(sid)["sha256"], None, starts[sid]))
             if kept is not None:
                 s.stats[sid] = kept
-        s.need = {sid for sid in ids if sid not in s.stats}
+        active.append(s)
+    # scorings[k]: what scores model k's rows (model 0, the teacher: the self-check, when asked)
+    scorings: list[_Scoring | None] = ([] if self_check else [None]) + active
     write = {sid for sid in ids if sid not in done}
-    emit = {k for k, sid in enumerate(ids) if sid in write or any(s is not None and sid in s.need for s in scorings)}
+    emit = {k for k, sid in enumerate(ids) if sid in write or any(sid not in s.stats for s in active)}
     writer.meta["teacher"] = json.dumps(block, sort_keys=True)
     bg = BackgroundWriter(writer, timeline=timeline)
     lock = Lockstep(runners)
@@ -220,7 +222,6 @@ def run_fused(cfg: Any, windows: str | Path, domain: str, out: str | Path, recor
           f"{n_chunks} chunk{'s' if n_chunks != 1 else ''} (each layer is read once a chunk); micro-batch "
           f"{st.micro_batch}, mlp tokens {st.mlp_tokens or 'off'}", file=sys.stderr, flush=True)
     last, written = len(runners) - 1, 0
-    active = [s for s in scorings if s is not None]
 
     def teacher_sha(sid: str):
         e = writer.entry(sid)
@@ -239,7 +240,7 @@ def run_fused(cfg: Any, windows: str | Path, domain: str, out: str | Path, recor
                         written += 1
                     live.rows[sid] = (logits, seqs.tokens[row])
                 s = scorings[k]
-                if s is not None and sid in s.need:
+                if s is not None and sid not in s.stats:
                     s.score(sid, logits)
                 del logits
                 if k == last:
@@ -267,7 +268,7 @@ def run_fused(cfg: Any, windows: str | Path, domain: str, out: str | Path, recor
         bg.close()
         raise
     names = ["teacher"] + [f"{c.name}/{p}" for c, p in pairs]
-    canaries = [{"folder": folders[0].name, "model": n, **(c or {"identical": None})} for n, c in zip(names, lock.canaries)]
+    canaries = [{"folder": folder.name, "model": n, **(c or {"identical": None})} for n, c in zip(names, lock.canaries)]
     tokens = int(stats["tokens"]) * len(runners)
     peak = peak_tflops if peak_tflops is not None else accounting.peak_tflops(accounting.device_name(dev), dtype)
     prof = accounting.summary(time.perf_counter() - t_start, {"startup": startup, **stats.get("parts", {})},
