@@ -9,6 +9,7 @@ forward pre-hooks, by module class (:mod:`fideval.model.module_classes`), on ful
 from __future__ import annotations
 
 import time
+import weakref
 from collections.abc import Callable
 
 import torch
@@ -41,21 +42,29 @@ def install(layer: torch.nn.Module, i: int, act_transform: dict[str, Callable], 
     experts = getattr(getattr(layer, "mlp", None), "experts", None)
     if experts is None:
         return
+    # The wrappers reach the module through a weak reference: a closure kept on the module that held the module
+    # itself (or a bound method of it) would be a reference cycle, which keeps the experts' weights -- 22.5 GB a
+    # DeepSeek-V3 layer in bf16 -- alive after the runner drops the layer, until a full garbage collection.
+    ref, cls = weakref.ref(experts), type(experts)
     fn = act_transform.get("routed_experts")
-    original = experts.forward
     # one rank, grouped_mm selected, a gated bias-free module: the same bits with less traffic (experts.py)
     lean = lean and experts_path.supported(experts)
     if lean:
-        original = lambda h, i, w: experts_path.forward(experts, h, i, w)  # noqa: E731
-    if fn is not None:
+        def original(h, i, w):
+            return experts_path.forward(ref(), h, i, w)
+    elif fn is not None:
         # the down projection's input exists only inside the experts' forward: transformers' grouped_mm
         # path (and experts.py) computes it in ``_apply_gate``, so we wrap that and call the grouped_mm path.
         from transformers.integrations.moe import grouped_mm_experts_forward
 
-        gate = experts._apply_gate
-        experts._apply_gate = lambda x: fn(gate(x))
-        if not lean:
-            original = lambda h, i, w: grouped_mm_experts_forward(experts, h, i, w)  # noqa: E731
+        def original(h, i, w):
+            return grouped_mm_experts_forward(ref(), h, i, w)
+    else:
+        def original(h, i, w):
+            return cls.forward(ref(), h, i, w)
+    if fn is not None:
+        gate = cls._apply_gate
+        experts._apply_gate = lambda x: fn(gate(ref(), x))
 
     def forward(hidden, top_k_index, top_k_weights):
         if ex is not None:

@@ -20,31 +20,43 @@ import torch
 class Ledger:
     """Bytes of weights resident now and at peak, per unit (embedding, layer i, head).
 
-    A unit is counted from the moment its tensors are materialised until its module is garbage
-    collected (a ``weakref.finalize`` on the module), so a leaked reference shows up as a unit that is
-    never released rather than as a number we merely believe.
+    A unit's bytes are counted from the moment its tensors are materialised until each of its tensors is
+    garbage collected (a ``weakref.finalize`` on every parameter and buffer, not on the module): a leaked
+    reference -- a closure that keeps a submodule alive in a reference cycle after its layer is dropped --
+    shows up as a unit that is never released rather than as memory we merely believe is free.
     """
 
     def __init__(self):
         self._lock = threading.Lock()
         self.now = self.peak = self.largest = 0
-        self.units: dict[object, int] = {}
+        self.units: dict[object, int] = {}  # unit -> bytes still resident
+        self._left: dict[object, int] = {}  # unit -> tensors still alive
         self.added = self.released = 0
 
     def track(self, unit: object, module: torch.nn.Module) -> None:
-        nbytes = sum(t.numel() * t.element_size() for t in list(module.parameters()) + list(module.buffers()))
+        tensors = {id(t): t for t in list(module.parameters()) + list(module.buffers())}
+        sizes = {i: t.numel() * t.element_size() for i, t in tensors.items()}
+        nbytes = sum(sizes.values())
         with self._lock:
             self.units[unit] = nbytes
+            self._left[unit] = max(1, len(tensors))
             self.now += nbytes
             self.added += 1
             self.peak = max(self.peak, self.now)
             self.largest = max(self.largest, nbytes)
-        weakref.finalize(module, self._release, unit)
+        if not tensors:
+            weakref.finalize(module, self._drop, unit, 0)
+        for i, t in tensors.items():
+            weakref.finalize(t, self._drop, unit, sizes[i])
 
-    def _release(self, unit: object) -> None:
+    def _drop(self, unit: object, nbytes: int) -> None:
         with self._lock:
-            self.now -= self.units.pop(unit, 0)
-            self.released += 1
+            self.now -= nbytes
+            self.units[unit] -= nbytes
+            self._left[unit] -= 1
+            if self._left[unit] == 0:
+                del self.units[unit], self._left[unit]
+                self.released += 1
 
 
 class Prefetch:
