@@ -89,9 +89,10 @@ class Lockstep(LayerMajor):
     def _drained(self) -> None:
         """On a GPU, wait until the stream has run the unit just computed before the loader may start the unit after
         next: a unit's weights, recorded on the compute stream, cannot be reused until the kernels reading them are
-        done, so without this wait a third unit can hold memory beside the two the sizing counts. A hypothesis from
-        the full-size runs that ran out of memory (docs/runner.md, 'The fused pass'); the wait moves no bits, and
-        its effect at full size is unmeasured."""
+        done, so without this wait the next load could find that memory still taken. Moves no bits. (The full-size
+        out-of-memory it was added for turned out to be a reference cycle in fideval.model.hooks; a snapshot there
+        showed no memory pending on the stream. The wait's own cost is not measured apart: docs/runner.md, 'The
+        fused pass'.)"""
         if self.side is not None:
             torch.cuda.current_stream(self.device).synchronize()
 
