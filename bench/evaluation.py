@@ -336,6 +336,7 @@ def run_compute(ckpt: Path, s: dict, L: int, tokens: int, device: str, candidate
     if device == "cuda":
         torch.cuda.synchronize()
         torch.cuda.reset_peak_memory_stats()
+        torch.cuda.reset_accumulated_memory_stats()
     t0 = time.perf_counter()
     timeline.start()
     acc = torch.zeros((), device=dev)
@@ -365,7 +366,11 @@ def run_compute(ckpt: Path, s: dict, L: int, tokens: int, device: str, candidate
     out = {"L": L, "seqs": n, "tokens": n * L, "settings": {**st.recorded(), "lm_head": r.head_mode},
            "finite": math.isfinite(float(acc)), "profile": prof,
            "flops": f, "canary": bool(r.canary and r.canary.get("identical")),
-           "peak_gpu_gb": torch.cuda.max_memory_allocated() / 1e9 if device == "cuda" else 0.0}
+           "peak_gpu_gb": torch.cuda.max_memory_allocated() / 1e9 if device == "cuda" else 0.0,
+           # the allocator's retries (each frees every cached block after a device-wide sync: GPU idle inside
+           # whatever part is open) -- a lead for attention parts that differ 2-4x between runs (bench/RESULTS.md)
+           "alloc_retries": torch.cuda.memory_stats().get("num_alloc_retries", 0) if device == "cuda" else 0,
+           "peak_reserved_gb": torch.cuda.max_memory_reserved() / 1e9 if device == "cuda" else 0.0}
     del r, w
     if device == "cuda":
         torch.cuda.empty_cache()
@@ -598,7 +603,8 @@ def main() -> None:
                           f"{steady:.1%} ({fixed_s(p):.1f} s of {', '.join(ONCE)} left out)" if steady is not None else "n/a",
                           "what a pass over many more tokens tends to"),
                          (f"compute {role} L={L}: parts", parts_line(p) + f"; settings {c['settings']}; "
-                          f"peak GPU {c['peak_gpu_gb']:.0f} GB; canary {c['canary']}", "other <= 5 %")]
+                          f"peak GPU {c['peak_gpu_gb']:.0f} GB (reserved {c.get('peak_reserved_gb', 0):.0f} GB, allocator retries "
+                          f"{c.get('alloc_retries', 0)}); canary {c['canary']}", "other <= 5 %")]
         result["compute"] = compute
         rows += extrapolate(compute, result.get("verbs"), disk, s)
     text = json.dumps(result, default=str, indent=1)
