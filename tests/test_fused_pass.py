@@ -177,3 +177,29 @@ def test_a_windows_folder_of_two_lengths_is_one_line_and_writes_nothing(setup, t
                       "--out", tmp_path / "t", "--records", tmp_path / "r")
     assert "takes one token file" in res.error()
     assert not (tmp_path / "t").exists() and not (tmp_path / "r").exists()
+
+
+def test_the_start_line_says_when_the_fused_pass_needs_more_chunks_than_a_separate_pass(setup, tmp_path, monkeypatch):
+    """On a GPU the sizing shares the chunk's states among the pass's models, so the fused pass may need more chunks
+    than a separate pass, each re-materialising every unit of every model (slower on an 80 GB GPU at DeepSeek-V3
+    layer sizes, docs/runner.md): the start line says so. The GPU's sizing is stood in for (the CPU sizes nothing):
+    2 sequences a chunk for the pass's 4 models, 6 for one; 5 sequences."""
+    from fideval.model import sizing
+    from fideval.model import teacher as teacher_mod
+    from fideval.score.fused import chunks_note
+
+    per_seq = 12 * 256 * 4  # L x hidden x float32
+    asked = []
+
+    def gpu_like(dev, dtype, config, seqs, todo, out, world, group, req, recorded, reference=False, models=1, stored_bytes=None):
+        asked.append((models, todo))
+        return sizing.Settings(micro_batch=2, mlp_tokens=24, chunk_bytes=(2 if models > 1 else 6) * per_seq, plan={"models": models})
+
+    monkeypatch.setattr(teacher_mod, "sized_settings", gpu_like)
+    res = _fused(setup, tmp_path / "f")
+    assert res.code == 0, res.stderr
+    assert asked == [(4, 5), (1, 5)]  # teacher + 2 candidate paths of mx + nv's weights-only; then a separate pass
+    assert "5 of 5 sequences to compute in 3 chunks" in res.stderr
+    assert "a separate pass would compute 1 chunk here" in res.stderr and "teacher.fused: false may be faster" in res.stderr
+    assert chunks_note(5, 6, 6) == "" and chunks_note(256, 256, 1302) == ""
+    assert "compute 1 chunk here" in chunks_note(256, 120, 1302)  # the H100 rehearsal: 3 chunks fused, 1 separate

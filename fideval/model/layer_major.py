@@ -120,12 +120,18 @@ class LayerMajor:
 
     def chunk_sequences(self, length: int) -> int:
         """Sequences of ``length`` tokens a chunk holds: whole micro-batches of hidden states within ``host_budget``."""
-        m = self.micro_batch
         per_seq = length * self.hidden_size * torch.empty((), dtype=self.dtype).element_size()
-        return max(m, (self.host_budget // max(per_seq, 1)) // m * m)
+        return sequences_per_chunk(self.host_budget, per_seq, self.micro_batch)
 
     def _chunk_models(self, tokens: np.ndarray, mbs: list[list[int]], ci: int, solo: set[int], canary: int | None
                       ) -> Iterator[tuple[int, int, int, torch.Tensor]]:
         """``(model, micro-batch, row, logits)`` of one chunk: this one model's :meth:`_chunk`."""
         for j, row, logits in self._chunk(tokens, mbs, ci, solo, canary):
             yield 0, j, row, logits
+
+
+def sequences_per_chunk(budget: int, per_seq: int, micro_batch: int) -> int:
+    """Sequences a chunk of ``budget`` bytes of hidden states holds (``per_seq`` bytes each): whole micro-batches,
+    at least one."""
+    m = max(1, int(micro_batch))
+    return max(m, (int(budget) // max(per_seq, 1)) // m * m)

@@ -108,6 +108,18 @@ class _Scoring:
         self.waiting = still
 
 
+def chunks_note(n: int, fused_seqs: int, separate_seqs: int) -> str:
+    """What the start line adds when the fused pass needs more chunks than a separate pass would (its models' states
+    share the GPU): each extra chunk reads and materialises every unit of every model again, which on an 80 GB GPU at
+    DeepSeek-V3 layer sizes made the fused compute slower than the separate ones (docs/runner.md, 'The fused pass')."""
+    fused, alone = -(-n // max(1, fused_seqs)), -(-n // max(1, separate_seqs))
+    if fused <= alone:
+        return ""
+    return (f"; a separate pass would compute {alone} chunk{'s' if alone != 1 else ''} here, and each extra chunk "
+            "materialises every unit of every model again: teacher.fused: false may be faster on this GPU "
+            "(docs/runner.md, 'The fused pass')")
+
+
 def one_length(windows: str | Path) -> tuple[Path, Path, str]:
     """The windows folder, the one sequence folder and its kind (``windows``/``cuts``) a fused pass runs on."""
     from fideval.model.teacher import sequence_folders
@@ -131,6 +143,7 @@ def run_fused(cfg: Any, windows: str | Path, domain: str, out: str | Path, recor
     from fideval.model.checkpoint import open_weights
     from fideval.model.device import resolve_dtype
     from fideval.model.flops import flops_per_token
+    from fideval.model.layer_major import sequences_per_chunk
     from fideval.model.lockstep import Lockstep
     from fideval.model.profile import Timeline
     from fideval.model.runner import Runner, RunnerOptions
@@ -188,6 +201,9 @@ def run_fused(cfg: Any, windows: str | Path, domain: str, out: str | Path, recor
     st = sized_settings(dev, dtype, adapter.config, [seqs], len(ids), out, 1, None, asked, recorded, models=1 + len(pairs),
                         stored_bytes=1 if adapter.release is not None else None)
     block.update(st.recorded())
+    alone = None  # a separate pass's chunk, for the start line (a resumed store keeps what it recorded)
+    if st.plan and not recorded and asked["chunk_bytes"] == "auto":
+        alone = sized_settings(dev, dtype, adapter.config, [seqs], len(ids), out, 1, None, asked, None)
     timeline = Timeline(dev)
     head = adopt_head(cfg.teacher.lm_head, (recorded or {}).get("lm_head"), f"store {out}")
     base = dict(device=dev, dtype=resolve_dtype(dtype), profile=True, **st.runner_options())
@@ -217,10 +233,14 @@ def run_fused(cfg: Any, windows: str | Path, domain: str, out: str | Path, recor
     writer.meta["teacher"] = json.dumps(block, sort_keys=True)
     bg = BackgroundWriter(writer, timeline=timeline)
     lock = Lockstep(runners)
-    n_chunks = -(-len(ids) // lock.chunk_sequences(seqs.tokens.shape[1]))
+    L = seqs.tokens.shape[1]
+    per_chunk = lock.chunk_sequences(L)
+    n_chunks = -(-len(ids) // per_chunk)
+    note = chunks_note(len(ids), per_chunk, sequences_per_chunk(alone.chunk_bytes, L * lock.hidden_size * lock.dtype.itemsize,
+                                                                 alone.micro_batch)) if alone else ""
     print(f"fused {kind}/{domain}: {len(runners)} models, {len(emit)} of {len(ids)} sequences to compute in "
           f"{n_chunks} chunk{'s' if n_chunks != 1 else ''} (each layer is read once a chunk); micro-batch "
-          f"{st.micro_batch}, mlp tokens {st.mlp_tokens or 'off'}", file=sys.stderr, flush=True)
+          f"{st.micro_batch}, mlp tokens {st.mlp_tokens or 'off'}{note}", file=sys.stderr, flush=True)
     last, written = len(runners) - 1, 0
 
     def teacher_sha(sid: str):
