@@ -137,3 +137,31 @@ def test_a_units_weights_are_freed_when_it_is_dropped_without_the_cycle_collecto
     runners = [Runner(folder, _options(s, sv, micro_batch=2), timeline=tl, ledger=ledger) for s, sv in models]
     list(Lockstep(runners).run_models(toks))
     assert (ledger.added, ledger.released, ledger.now) == (15, 15, 0)
+
+
+def _cycled(mod: torch.nn.Module) -> torch.nn.Module:
+    """``mod`` with a forward closure kept on itself that holds it: a reference cycle, as hooks.install once made."""
+    mod.forward = lambda x: type(mod).forward(mod, x)
+    return mod
+
+
+def test_the_ledger_follows_tensors_so_a_submodule_kept_in_a_cycle_is_not_released(no_cycle_collector):
+    """The ledger's own oracle is the cycle collector: a layer whose submodule is held in a reference cycle (a
+    forward closure kept on the submodule itself) counts as resident until gc.collect() frees it; the same unit key
+    tracked twice (a later run's chunk 0) is two entries."""
+    import gc
+
+    from fideval.model.prefetch import Ledger
+
+    ledger = Ledger()
+    plain = torch.nn.Linear(4, 4)
+    ledger.track((0, 1), plain)
+    outer = torch.nn.Sequential(_cycled(torch.nn.Linear(4, 4, bias=False)), torch.nn.LayerNorm(4))
+    ledger.track((0, 1), outer)
+    assert (ledger.added, ledger.now) == (2, (20 + 16 + 8) * 4)
+    del plain
+    assert (ledger.released, ledger.now) == (1, 24 * 4)
+    del outer
+    assert (ledger.released, ledger.now) == (1, 16 * 4)  # the norm went; the cycled Linear's weight did not
+    gc.collect()
+    assert (ledger.released, ledger.now, ledger.units) == (2, 0, {})

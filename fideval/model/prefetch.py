@@ -29,8 +29,7 @@ class Ledger:
     def __init__(self):
         self._lock = threading.Lock()
         self.now = self.peak = self.largest = 0
-        self.units: dict[object, int] = {}  # unit -> bytes still resident
-        self._left: dict[object, int] = {}  # unit -> tensors still alive
+        self.units: dict[int, list] = {}  # each tracking (a unit key may come again, in a later run): [unit, bytes, tensors] alive
         self.added = self.released = 0
 
     def track(self, unit: object, module: torch.nn.Module) -> None:
@@ -38,24 +37,25 @@ class Ledger:
         sizes = {i: t.numel() * t.element_size() for i, t in tensors.items()}
         nbytes = sum(sizes.values())
         with self._lock:
-            self.units[unit] = nbytes
-            self._left[unit] = max(1, len(tensors))
-            self.now += nbytes
             self.added += 1
+            serial = self.added
+            self.units[serial] = [unit, nbytes, max(1, len(tensors))]
+            self.now += nbytes
             self.peak = max(self.peak, self.now)
             self.largest = max(self.largest, nbytes)
         if not tensors:
-            weakref.finalize(module, self._drop, unit, 0)
+            weakref.finalize(module, self._drop, serial, 0)
         for i, t in tensors.items():
-            weakref.finalize(t, self._drop, unit, sizes[i])
+            weakref.finalize(t, self._drop, serial, sizes[i])
 
-    def _drop(self, unit: object, nbytes: int) -> None:
+    def _drop(self, serial: int, nbytes: int) -> None:
         with self._lock:
             self.now -= nbytes
-            self.units[unit] -= nbytes
-            self._left[unit] -= 1
-            if self._left[unit] == 0:
-                del self.units[unit], self._left[unit]
+            entry = self.units[serial]
+            entry[1] -= nbytes
+            entry[2] -= 1
+            if entry[2] == 0:
+                del self.units[serial]
                 self.released += 1
 
 
