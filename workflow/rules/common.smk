@@ -12,6 +12,7 @@ container: "docker://ghcr.io/fideval/fideval:0.1.0"
 from fideval.errors import FidevalError
 from fideval.formats.ids import sequence_ids
 from fideval.run_config import resolve
+from fideval.score.fused import fusable
 
 # The stages read the config file themselves; the workflow takes its names and sizes from the same typed
 # model (defaults included), so the two can never disagree. The file is the last --configfile (else
@@ -38,14 +39,8 @@ HEADLINE = CFG.candidates[0].name if CFG.candidates else "none"
 # teacher.fused: one `fideval fused` job per (length, domain) writes the store, every emulated candidate's records
 # and the self-check (workflow/rules/teacher.smk); real builds keep their own `score` jobs
 FUSED = bool(CFG.teacher.fused)
-FUSED_PAIRS = (
-    [(c.name, p) for c in CFG.candidates if c.checkpoint is None for p in c.paths]
-    if FUSED
-    else []
-)
-SEPARATE = sorted(
-    {c.name for c in CFG.candidates if not FUSED or c.checkpoint is not None}
-)
+FUSED_PAIRS = [(c.name, p) for c, p in fusable(CFG)] if FUSED else []
+SEPARATE = sorted({c.name for c in CFG.candidates} - {c for c, _ in FUSED_PAIRS})
 SEPARATE_RE = (
     "|".join(re.escape(n) for n in SEPARATE) or r"(?!x)x"
 )  # the `score` rule's candidates
