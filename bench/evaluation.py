@@ -301,12 +301,13 @@ def run_compute(ckpt: Path, s: dict, L: int, tokens: int, device: str, candidate
     tokens per layer, the logits consumed on the device instead of written (see the module docstring).
     ``candidate``: the MXFP4 serving candidate; ``"fused"``: the fused pass (teacher + serving + weights-only, each
     candidate row scored against the teacher's on the device; ``tokens`` counts one model's)."""
-    from fideval.model import accounting, sizing
+    from fideval.model import sizing
     from fideval.model.adapters import Adapter
-    from fideval.model.checkpoint import open_weights
     from fideval.model.flops import flops_per_token
-    from fideval.model.profile import Timeline
     from fideval.model.runner import Runner, RunnerOptions
+    from fideval.model.weights.checkpoint import open_weights
+    from fideval.timing import accounting
+    from fideval.timing.timeline import Timeline
 
     dev = torch.device(device)
     n = max(1, tokens // L)
@@ -326,7 +327,7 @@ def run_compute(ckpt: Path, s: dict, L: int, tokens: int, device: str, candidate
     base = dict(device=dev, dtype=torch.bfloat16, profile=True, **st.runner_options())
     if fused:  # fideval fused's pass: the teacher, the serving and the weights-only candidate, each layer read once
         from fideval.model.lockstep import Lockstep
-        from fideval.score.run import pick, score_tensors
+        from fideval.score.kernels import pick, score_tensors
 
         runners = [Runner(w, RunnerOptions(**base, **h), timeline=timeline)
                    for h in ({}, hooks, {"weight_transform": hooks["weight_transform"]})]

@@ -1,4 +1,4 @@
-"""Bench: the lm head's two arithmetics (fideval.model.head) at DeepSeek-V3's sizes (hidden 7,168, vocabulary
+"""Bench: the lm head's two arithmetics (fideval.model.execution.head) at DeepSeek-V3's sizes (hidden 7,168, vocabulary
 129,280), on the runner's own modules: ``float32`` (float32 GEMM, TF32 off: the runner's numerics) against
 ``bf16`` (the same bfloat16 operands on the tensor cores, float32 sums), over one micro-batch of tokens.
 
@@ -19,7 +19,8 @@ import torch
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from fideval.model import accounting, head  # noqa: E402
+from fideval.model.execution import head  # noqa: E402
+from fideval.timing import accounting  # noqa: E402
 
 
 def timed(fn, reps: int) -> float:

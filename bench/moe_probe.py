@@ -63,7 +63,7 @@ def profile_module(a, dev, mm_rate: float) -> list[str]:
             torch.cuda.synchronize()
         want = mod(x)
         sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-        from fideval.model import experts as fx
+        from fideval.model.execution import experts as fx
 
         hf_forward = mod.experts.forward
         mod.experts.forward = lambda h, i, w: fx.forward(mod.experts, h, i, w)
@@ -100,7 +100,7 @@ def profile_module(a, dev, mm_rate: float) -> list[str]:
     lines = ["", f"transformers DeepseekV3MoE, {T:,} tokens (router + {E} routed x top-{K} + 1 shared; params {dtypes}): "
              f"{sec * 1e3:.1f} ms, {flops / sec / 1e12:.0f} TFLOP/s = {100 * flops / sec / PEAK:.1f} % of 989 "
              f"({100 * flops / sec / mm_rate:.1f} % of the measured matmul)",
-             f"same module with fideval.model.experts for the routed experts: {sec_fx * 1e3:.1f} ms, "
+             f"same module with fideval.model.execution.experts for the routed experts: {sec_fx * 1e3:.1f} ms, "
              f"{flops / sec_fx / 1e12:.0f} TFLOP/s = {100 * flops / sec_fx / PEAK:.1f} % of 989; output bit-identical to "
              f"transformers' path: {same}",
              f"  gather-weight-sum fused (experts.gather_scale_sum) vs the same as three torch ops: {sec_fx * 1e3:.1f} "
@@ -109,7 +109,7 @@ def profile_module(a, dev, mm_rate: float) -> list[str]:
              + (f"{sec_nofill * 1e3:.1f} ms" if sec_nofill else "n/a"),
              f"  sustained, {len(sustained)} blocks back to back (ms each): "
              + ", ".join(f"{v:.1f}" for v in sustained)]
-    for title, pr in (("transformers' path", prof), ("with fideval.model.experts", prof_fx)):
+    for title, pr in (("transformers' path", prof), ("with fideval.model.execution.experts", prof_fx)):
         ev = [e for e in pr.key_averages(group_by_input_shape=True) if e.self_device_time_total > 0]
         total = sum(e.self_device_time_total for e in ev) or 1.0
         lines += [f"{title}:", "| op or kernel (input shapes) | calls | CUDA ms (self) | share |", "|---|---:|---:|---:|"]
@@ -135,11 +135,11 @@ def main() -> None:
     ap.add_argument("--sustained", type=int, default=0,
                     help="time the module (fideval's experts) this many times back to back, one line of ms each")
     ap.add_argument("--nondeterministic", action="store_true",
-                    help="skip fideval.model.determinism.configure() (the runner always applies it)")
+                    help="skip fideval.model.execution.determinism.configure() (the runner always applies it)")
     a = ap.parse_args()
     if not a.nondeterministic:
         sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-        from fideval.model import determinism
+        from fideval.model.execution import determinism
 
         determinism.configure()
     dev = torch.device("cuda")

@@ -12,11 +12,11 @@ What it does, in one run:
 3. Our runner over ~1 M tokens per layer (sequences of 4096) with the settings the teacher would choose on
    this GPU (fideval.model.sizing; ``--settings fixed``: attention per micro-batch of 4, MoE over blocks of
    64 k tokens, as the earlier rows of bench/RESULTS.md): tokens/s, model FLOP utilisation (analytic FLOPs,
-   fideval.model.flops, / wall / the GPU's bf16 dense peak, fideval.model.accounting), MoE FLOP utilisation
+   fideval.model.flops, / wall / the GPU's bf16 dense peak, fideval.timing.accounting), MoE FLOP utilisation
    (routed + shared expert FLOPs / time inside the MoE modules: router, routed and shared experts; the decoder
    layer's norm and residual add are timed apart / peak), the share of weight-loading time hidden behind compute
    (1 - time the compute waited / time the loader worked), and the whole run's wall split into the runner's
-   timeline parts (fideval.model.profile), which add up to it; ``other`` (what no part claims) must be <= 5 %.
+   timeline parts (fideval.timing.timeline), which add up to it; ``other`` (what no part claims) must be <= 5 %.
 4. The same checkpoint through ``AutoModelForCausalLM.from_pretrained(device_map=...)`` with every decoder
    layer offloaded to the CPU (accelerate moves each layer's weights per forward): tokens/s of one forward.
 Prints one table: figure | measured | ceiling or goal.
@@ -132,7 +132,7 @@ def cuda_checks(device: str) -> dict:
     import model_fixtures as mf
     from transformers import AutoModelForCausalLM
 
-    from fideval.model.determinism import digest
+    from fideval.model.execution.determinism import digest
     from fideval.model.runner import Runner, RunnerOptions
 
     out = {}
@@ -173,7 +173,7 @@ def run_ours(folder: Path, s: dict, device: str, how: str = "auto") -> dict:
     loads: list = []  # tokens per routed expert in each MoE block: how balanced the grouped GEMMs are
     spans: list = []  # CUDA events around the routed experts alone (the rest of a MoE block: router, shared expert)
     if not s.get("hf_experts", False):
-        from fideval.model import experts as fx
+        from fideval.model.execution import experts as fx
 
         inner = fx.forward
 
@@ -274,7 +274,7 @@ def main() -> None:
     ap.add_argument("--ours-only", action="store_true", help=argparse.SUPPRESS)
     ap.add_argument("--budget-s", type=float, default=560, help="wall-clock budget; the baseline gets what is left")
     ap.add_argument("--hf-experts", action="store_true",
-                    help="routed experts through transformers' own grouped_mm forward instead of fideval.model.experts")
+                    help="routed experts through transformers' own grouped_mm forward instead of fideval.model.execution.experts")
     ap.add_argument("--settings", choices=("auto", "fixed"), default="auto",
                     help="auto: what fideval teacher would choose on this GPU (fideval.model.sizing); fixed: micro-batch 4, "
                          "MoE blocks of 65,536, chunk 64 GiB (the earlier RESULTS rows)")
@@ -325,8 +325,8 @@ def main() -> None:
         st = run_ours(Path(a.dir), s, device, a.settings)
     attn_each = st.pop("attn_s_each", [])  # one per micro-batch and layer: summarised, not printed whole
     print(json.dumps({k: v for k, v in st.items() if k != "canary"}, default=str), flush=True)
-    from fideval.model import accounting
     from fideval.model.flops import flops_per_token
+    from fideval.timing import accounting
 
     name = torch.cuda.get_device_name() if device == "cuda" else "cpu"
     peak = (accounting.peak_tflops(name, "bfloat16") or BF16_PEAK / 1e12) * 1e12
@@ -352,11 +352,11 @@ def main() -> None:
          f"{(st['settings']['host_budget_bytes'] or 4 << 30) / 2**30:.1f} GiB",
          f"--settings {a.settings if device == 'cuda' else 'fixed (CPU)'}"),
         ("ours: model FLOP utilisation", f"{total_flops / st['wall'] / peak:.1%}", f"of {peak / 1e12:g} TFLOP/s bf16"),
-        ("ours: whole-run accounting (parts of the wall, fideval.model.profile)",
+        ("ours: whole-run accounting (parts of the wall, fideval.timing.timeline)",
          ", ".join(f"{k} {v:.2f} s" for k, v in prof["parts"].items()), f"sum = wall {st['wall']:.2f} s"),
         ("ours: what no part claims (other)", f"{prof['other_fraction']:.1%} of the wall", "<= 5 %"),
         ("ours: MoE FLOP utilisation (inside MoE blocks)", f"{moe_util:.1%} (routed experts: "
-         f"{'transformers grouped_mm' if a.hf_experts else 'fideval.model.experts'}; {moe_util_norm:.1%} with the "
+         f"{'transformers grouped_mm' if a.hf_experts else 'fideval.model.execution.experts'}; {moe_util_norm:.1%} with the "
          f"layers' post-attention norms and residual adds counted as MoE time too)", f">= 40 % of {peak / 1e12:g} TFLOP/s"),
         ("ours: attention time / MoE time / dense MLP time",
          f"{st.get('attn_s', 0):.1f} / {st.get('moe_s', 0):.1f} / {st.get('mlp_s', 0):.1f} s", ""),

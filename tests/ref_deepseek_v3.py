@@ -85,9 +85,9 @@ def tokens(n: int = 2, L: int = 24, vocab: int = 512, seed: int = 1) -> torch.Te
 
 def driver(folder: Path, *, dtype: torch.dtype = torch.float32, **kw):
     """The DeepSeek-V3 driver on ``folder`` at N = 1 (CPU, torch stand-in kernels)."""
-    from fideval.model.checkpoint import Checkpoint
     from fideval.model.reference.code import load_vendor_code
     from fideval.model.reference.deepseek_v3 import DeepseekV3Driver
+    from fideval.model.weights.checkpoint import Checkpoint
 
     stand, prefer = DeepseekV3Driver.stand_ins(torch.device("cpu"))
     code = load_vendor_code(Path(folder) / "inference", trust=True, stand_ins=stand, prefer_vendor=prefer)

@@ -161,8 +161,8 @@ def test_quant_inspect_refuses_pickled_checkpoints(tmp_path, where):
 
 
 def test_runner_checkpoint_refuses_pickles(tmp_path):
-    """The runner's checkpoint reader (fideval/model/checkpoint.py) reads safetensors only."""
-    checkpoint = pytest.importorskip("fideval.model.checkpoint")
+    """The runner's checkpoint reader (fideval/model/weights/checkpoint.py) reads safetensors only."""
+    checkpoint = pytest.importorskip("fideval.model.weights.checkpoint")
     marker = tmp_path / "BOOM"
     ckpt = write_checkpoint(tmp_path / "ckpt")
     plant_pickle(ckpt / "model.safetensors", marker, torch_format=True)

@@ -185,7 +185,7 @@ def test_the_start_line_says_when_the_fused_pass_needs_more_chunks_than_a_separa
     layer sizes, docs/runner.md): the start line says so. The GPU's sizing is stood in for (the CPU sizes nothing):
     2 sequences a chunk for the pass's 4 models, 6 for one; 5 sequences."""
     from fideval.model import sizing
-    from fideval.model import teacher as teacher_mod
+    from fideval.model import teacher_pass as teacher_mod
     from fideval.score.fused import chunks_note
 
     per_seq = 12 * 256 * 4  # L x hidden x float32

@@ -13,7 +13,7 @@ import pytest
 from gguf_rewrite import rewrite_gguf
 
 from fideval.errors import FidevalError
-from fideval.model.gguf_checkpoint import GGUFCheckpoint
+from fideval.model.weights.gguf_checkpoint import GGUFCheckpoint
 
 DATA = Path(__file__).resolve().parent / "data" / "llamacpp" / "moe"
 U32, F32 = gguf.GGUFValueType.UINT32, gguf.GGUFValueType.FLOAT32
@@ -160,7 +160,7 @@ def test_mistral_is_a_llama_gguf_and_gemma_norms_are_stored_plus_one():
 def test_an_architecture_the_installed_gguf_package_has_no_table_for(tmp_path):
     """DeepSeek-V3.2's ``deepseek32`` is in the vendored llama.cpp's gguf-py but not in gguf 0.19 from PyPI: were it
     listed in GGUF_ARCHS, the missing name table would be one line naming the file, not a StopIteration."""
-    from fideval.model import gguf_names
+    from fideval.quant import gguf_names
 
     p = tmp_path / "v32.gguf"
     with pytest.raises(FidevalError) as e:

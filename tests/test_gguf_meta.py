@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 
 from fideval.errors import FidevalError
-from fideval.model.quantized import GGUFCheckpoint
+from fideval.model.weights.gguf_checkpoint import GGUFCheckpoint
 
 DEMO = Path(__file__).resolve().parents[1] / "fideval" / "demo" / "assets" / "model"
 

@@ -18,8 +18,8 @@ import torch
 from model_fixtures import tokens
 from safetensors.torch import load_file, save_file
 
-from fideval.model.gguf_checkpoint import GGUFCheckpoint
 from fideval.model.runner import Runner, RunnerOptions
+from fideval.model.weights.gguf_checkpoint import GGUFCheckpoint
 
 torch.set_num_threads(1)
 DATA = Path(__file__).resolve().parent / "data" / "llamacpp" / "moe"

@@ -14,7 +14,7 @@ import pytest
 from gguf_rewrite import rewrite_gguf
 
 from fideval.errors import FidevalError
-from fideval.model.gguf_checkpoint import GGUFCheckpoint
+from fideval.model.weights.gguf_checkpoint import GGUFCheckpoint
 
 DATA = Path(__file__).resolve().parent / "data" / "llamacpp" / "moe"
 U32, F32 = gguf.GGUFValueType.UINT32, gguf.GGUFValueType.FLOAT32
@@ -131,7 +131,7 @@ def test_top_k_normalisation_fixed_in_llama_cpps_graph(tmp_path, name, norm, fix
 def test_glm_4_7_lite_shape_defaults_to_sigmoid(tmp_path):
     """llama.cpp's deepseek2 reads a GGUF without the gating key as sigmoid for GLM-4.7-Lite's shape (47 or 48
     blocks, 154,880 tokens), softmax otherwise."""
-    from fideval.model.gguf_meta import _default_gating
+    from fideval.model.weights.gguf_meta import _default_gating
 
     def default(**kv):
         p = rewrite_gguf(DATA / "glm4_moe_lite" / "model.gguf", tmp_path / "g.gguf", kv=kv,

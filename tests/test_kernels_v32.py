@@ -11,7 +11,7 @@ import pytest
 import scipy.linalg
 import torch
 
-from fideval.model.reference import kernels_v32 as K
+from fideval.model.reference import deepseek_v32_kernels as K
 
 VENDOR = Path(__file__).resolve().parents[2] / "shared" / "reference-code" / "deepseek-v3.2-exp"
 GRID = torch.arange(256, dtype=torch.uint8).view(torch.float8_e4m3fn).to(torch.float64).numpy()

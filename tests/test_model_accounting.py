@@ -1,10 +1,10 @@
-"""fideval.model.accounting: parts that sum to the wall, utilisation against a GPU's peak, the verbs' line."""
+"""fideval.timing.accounting: parts that sum to the wall, utilisation against a GPU's peak, the verbs' line."""
 
 from __future__ import annotations
 
 import pytest
 
-from fideval.model import accounting
+from fideval.timing import accounting
 
 
 def test_summary_adds_other_so_the_parts_are_the_wall():

@@ -9,7 +9,7 @@ import pytest
 import torch
 from safetensors.torch import save_file
 
-import fideval.model.checkpoint as ck
+import fideval.model.weights.checkpoint as ck
 from fideval.errors import FidevalError
 
 

@@ -1,4 +1,4 @@
-"""fideval.model.experts against transformers' own grouped_mm experts path: the same bits, module by module.
+"""fideval.model.execution.experts against transformers' own grouped_mm experts path: the same bits, module by module.
 
 The oracle is ``transformers.integrations.moe.grouped_mm_experts_forward`` itself, on the experts modules of the
 tiny MoE checkpoints (random routing, repeated experts, experts that receive no token), in float32 and bfloat16.
@@ -11,7 +11,7 @@ import pytest
 import torch
 from transformers.integrations.moe import grouped_mm_experts_forward
 
-from fideval.model import experts
+from fideval.model.execution import experts
 
 
 def _experts_module(name: str, dtype: torch.dtype):

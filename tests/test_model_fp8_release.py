@@ -1,4 +1,4 @@
-"""FP8 releases as the teacher (fideval.model.fp8_release): fp8 weights and block scales read as released,
+"""FP8 releases as the teacher (fideval.model.weights.fp8_release): fp8 weights and block scales read as released,
 dequantized on the runner's device as each layer is materialised.
 
 Oracles, none of them fideval's: transformers' own loading of the same release
@@ -254,8 +254,8 @@ def test_up_front_check_reads_every_scale_once(releases, monkeypatch):
     e_score_correction_bias of the two MoE layers sit between them)."""
     import os
 
-    from fideval.model import fp8_release
-    from fideval.model.checkpoint import Checkpoint
+    from fideval.model.weights import fp8_release
+    from fideval.model.weights.checkpoint import Checkpoint
 
     ck = Checkpoint(releases["deepseek_v3", "edges"])
     calls = []
@@ -315,7 +315,7 @@ def test_emulated_mxfp4_candidate_starts_from_the_dequantized_release(releases, 
 def test_real_build_candidate_on_an_fp8_reference(releases, plain, dtype):
     """QuantizedCheckpoint takes an FP8 release as the reference (its config is the model's): the release itself
     as a real build (decoded on the CPU) gives the teacher's logits bit for bit, and a plain build those of that build."""
-    from fideval.model.quantized import QuantizedCheckpoint
+    from fideval.model.weights.quantized import QuantizedCheckpoint
 
     folder = releases["deepseek_v3", "edges"]
     teacher = _logits(folder, dtype)
@@ -325,7 +325,7 @@ def test_real_build_candidate_on_an_fp8_reference(releases, plain, dtype):
 
 
 def test_a_reference_quantized_another_way_is_refused(releases, tmp_path):
-    from fideval.model.quantized import QuantizedCheckpoint
+    from fideval.model.weights.quantized import QuantizedCheckpoint
 
     ref = tmp_path / "ref"
     shutil.copytree(releases["qwen3", "aligned"], ref)

@@ -1,4 +1,4 @@
-"""The lm head's two arithmetics (fideval.model.head): which one a run takes, that it is recorded and adopted, and
+"""The lm head's two arithmetics (fideval.model.execution.head): which one a run takes, that it is recorded and adopted, and
 on the GPU that the bf16 head's logits are float32 sums of the float32 head's own products (a float64 oracle)."""
 
 from __future__ import annotations
@@ -12,9 +12,9 @@ import torch
 from cli_runner import run_fideval
 
 from fideval.errors import FidevalError
-from fideval.model import head
+from fideval.model.execution import head
 from fideval.model.runner import Runner, RunnerOptions
-from fideval.model.teacher import adopt_head
+from fideval.model.teacher_pass import adopt_head
 
 V = mf.COMMON["vocab_size"]
 

@@ -8,10 +8,10 @@ import pytest
 import torch
 
 from fideval.errors import FidevalError
-from fideval.model.determinism import digest
+from fideval.model.execution.determinism import digest
 from fideval.model.lockstep import Lockstep
-from fideval.model.profile import Timeline
 from fideval.model.runner import Runner, RunnerOptions
+from fideval.timing.timeline import Timeline
 from tests import fp8_fixtures as f8
 
 SPECS = ({"routed_experts": "mxfp4"}, {"routed_experts": "nvfp4", "attention": "fp8_block", "lm_head": "mxfp4"})
@@ -123,7 +123,7 @@ def test_a_units_weights_are_freed_when_it_is_dropped_without_the_cycle_collecto
     that keeps a layer's experts alive in a reference cycle (the routed experts' wrapped forward) would hold its
     weights until a full collection, which at DeepSeek-V3 size is a third 23 GB layer on the GPU. The ledger
     watches every parameter and buffer, so it sees such a leak; the cycle collector is off while the runs go."""
-    from fideval.model.prefetch import Ledger
+    from fideval.model.execution.prefetch import Ledger
 
     folder = f8.build("deepseek_v3", "aligned", tmp_path / "fp8")
     toks = np.random.default_rng(5).integers(0, f8.V, size=(4, 10)).astype(np.int32)
@@ -151,7 +151,7 @@ def test_the_ledger_follows_tensors_so_a_submodule_kept_in_a_cycle_is_not_releas
     tracked twice (a later run's chunk 0) is two entries."""
     import gc
 
-    from fideval.model.prefetch import Ledger
+    from fideval.model.execution.prefetch import Ledger
 
     ledger = Ledger()
     plain = torch.nn.Linear(4, 4)

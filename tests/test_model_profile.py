@@ -1,4 +1,4 @@
-"""The run's timeline (fideval.model.profile): parts that tile the run, and the runner's accounting on a CPU."""
+"""The run's timeline (fideval.timing.timeline): parts that tile the run, and the runner's accounting on a CPU."""
 
 from __future__ import annotations
 
@@ -8,9 +8,9 @@ import model_fixtures as mf
 import pytest
 import torch
 
-from fideval.model.determinism import digest
-from fideval.model.profile import Timeline
+from fideval.model.execution.determinism import digest
 from fideval.model.runner import Runner, RunnerOptions
+from fideval.timing.timeline import Timeline
 
 V = mf.COMMON["vocab_size"]
 

@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 import torch
 
-from fideval.model.determinism import digest
+from fideval.model.execution.determinism import digest
 from fideval.model.runner import Runner, RunnerOptions
 
 V = mf.COMMON["vocab_size"]
@@ -191,7 +191,7 @@ def test_cuda_warm_up_runs_once_per_mlp_kind_and_changes_no_bit(tmp_path):
 def test_weights_come_only_through_the_weight_source(tmp_path):
     """Any WeightSource stands in for a checkpoint folder: the runner reads every tensor through it, and the
     logits are the folder's, bit for bit."""
-    from fideval.model.checkpoint import Checkpoint, WeightSource
+    from fideval.model.weights.checkpoint import Checkpoint, WeightSource
 
     folder = mf.build("qwen3_moe", tmp_path / "m")
     ck = Checkpoint(folder)

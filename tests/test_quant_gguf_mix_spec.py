@@ -15,8 +15,8 @@ from model_fixtures import tokens
 from safetensors.torch import load_file
 
 from fideval.errors import FidevalError
-from fideval.model.gguf_checkpoint import GGUFCheckpoint
 from fideval.model.runner import Runner, RunnerOptions
+from fideval.model.weights.gguf_checkpoint import GGUFCheckpoint
 from fideval.quant.gguf_mix_spec import _NOT_EMULATED, MixSpec, mix_name
 from fideval.quant.imatrix import read_imatrix
 

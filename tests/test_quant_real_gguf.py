@@ -17,8 +17,8 @@ from model_fixtures import build, set_config, tokens
 from safetensors.torch import load_file
 
 from fideval.errors import FidevalError
-from fideval.model.quantized import GGUFCheckpoint
 from fideval.model.runner import Runner, RunnerOptions
+from fideval.model.weights.gguf_checkpoint import GGUFCheckpoint
 from fideval.quant.spec import compile_spec
 
 torch.set_num_threads(1)

@@ -3,7 +3,7 @@
 Each test encodes a tiny reference model's weights with fideval's own encoders into a real checkpoint
 layout (compressed-tensors NVFP4, gpt-oss MXFP4 blocks/scales, DeepSeek FP8 ``weight_scale_inv``) with a
 ``quantization_config``, runs it as a real candidate (decoded layer by layer by
-``fideval.model.quantized``), and requires logits BIT-IDENTICAL to the emulated candidate with the same
+``fideval.model.weights.quantized``), and requires logits BIT-IDENTICAL to the emulated candidate with the same
 format and recipe on the reference checkpoint. They share nothing but the encoder: the real path packs
 codes into the stored layout and decodes with ``decode_tensor_set``; the emulated path quantize-dequantizes
 in place (``_qdq``, no packing).
@@ -21,8 +21,8 @@ from model_fixtures import build, configs, tokens
 from safetensors.torch import load_file, save_file
 
 from fideval.errors import FidevalError
-from fideval.model.quantized import QuantizedCheckpoint
 from fideval.model.runner import Runner, RunnerOptions
+from fideval.model.weights.quantized import QuantizedCheckpoint
 from fideval.quant import get_format
 from fideval.quant.mx import pack_fp4
 from fideval.quant.spec import compile_spec

@@ -12,8 +12,8 @@ import torch
 from ref_deepseek_v41 import MISSING, V41, write_tiny_v41
 from safetensors import safe_open
 
-from fideval.model.module_classes import module_class_of
 from fideval.quant.inspect import class_shapes, inspect_model, release_bits, weight_shapes
+from fideval.quant.module_classes import module_class_of
 from fideval.quant.spec import compile_spec
 
 pytestmark = pytest.mark.skipif(not (V41 / "model.py").is_file(), reason=MISSING)

@@ -157,8 +157,8 @@ def test_score_on_both_paths_and_the_report_record_the_code(ran):
     assert code["files"] == {k: hashlib.sha256((folder / k).read_bytes()).hexdigest() for k in code["files"]}
     assert "model.py" in code["files"] and code["kernels"]
     if fam == "v32":
-        assert code["modules"] == {"fast_hadamard_transform": "fideval.model.reference.kernels_v32",
-                                   "kernel": "fideval.model.reference.kernels_v32"}
+        assert code["modules"] == {"fast_hadamard_transform": "fideval.model.reference.deepseek_v32_kernels",
+                                   "kernel": "fideval.model.reference.deepseek_v32_kernels"}
     else:
         assert code["kernels"]["fp4_gemm"] == "kernel_cpu" and code["model"]["hc_mult"] == 2
 

@@ -13,7 +13,7 @@ import torch
 from safetensors.torch import load_file
 
 from fideval.errors import FidevalError
-from fideval.model.reference import names
+from fideval.model.reference import deepseek_v3_names
 
 
 @pytest.fixture(scope="module")
@@ -47,8 +47,8 @@ def test_layer_by_layer_equals_the_vendors_forward(releases, kind, gemm):
     assert full.shape == (2, 24, 512) and full.dtype == torch.float32
     assert (full[:, -1] - ref).abs().max().item() <= 1e-6 * ref.abs().max().item()
     if kind.startswith("fp8"):
-        assert drv.kernels["weight_dequant"] == "fideval.model.reference.kernels_v3"
-        assert drv.kernels["fp8_gemm"] == ("fideval.model.reference.kernels_v3" if gemm == "fp8" else "unused (gemm_impl bf16)")
+        assert drv.kernels["weight_dequant"] == "fideval.model.reference.deepseek_v3_kernels"
+        assert drv.kernels["fp8_gemm"] == ("fideval.model.reference.deepseek_v3_kernels" if gemm == "fp8" else "unused (gemm_impl bf16)")
 
 
 def test_every_position_is_the_vendors_forward_on_the_prefix(releases):
@@ -63,7 +63,7 @@ def test_every_position_is_the_vendors_forward_on_the_prefix(releases):
 
 
 def test_mapping_is_the_vendors_convert_mapping():
-    assert names.MAPPING == _vendor_convert().mapping
+    assert deepseek_v3_names.MAPPING == _vendor_convert().mapping
 
 
 @pytest.mark.parametrize("mp", [1, 2])
@@ -88,8 +88,8 @@ def test_rank_slices_equal_the_vendors_convert(releases, tmp_path, mp):
 
 
 def _driver_at(folder, rank, world):
-    from fideval.model.checkpoint import Checkpoint
     from fideval.model.reference.deepseek_v3 import DeepseekV3Driver
+    from fideval.model.weights.checkpoint import Checkpoint
 
     code = rv3.driver(folder).code
     ckpt = Checkpoint(folder)
@@ -101,11 +101,11 @@ def test_names_round_trip_every_vendor_parameter(releases):
     blk = drv.load_layer(1)
     for k in blk.state_dict():
         if not k.endswith("_cache"):
-            hf = names.to_hf(f"layers.1.{k}")
-            assert names.to_vendor(hf)[0] == f"layers.1.{k}"
-    assert names.to_hf("layers.1.ffn.experts.3.w1.scale") == "model.layers.1.mlp.experts.3.gate_proj.weight_scale_inv"
-    assert names.plan("layers.1.ffn.experts.3.w2.weight")[1] is None  # experts are owned whole, never cut
-    assert names.plan("layers.1.ffn.shared_experts.w2.weight")[1] == 1
+            hf = deepseek_v3_names.to_hf(f"layers.1.{k}")
+            assert deepseek_v3_names.to_vendor(hf)[0] == f"layers.1.{k}"
+    assert deepseek_v3_names.to_hf("layers.1.ffn.experts.3.w1.scale") == "model.layers.1.mlp.experts.3.gate_proj.weight_scale_inv"
+    assert deepseek_v3_names.plan("layers.1.ffn.experts.3.w2.weight")[1] is None  # experts are owned whole, never cut
+    assert deepseek_v3_names.plan("layers.1.ffn.shared_experts.w2.weight")[1] == 1
 
 
 def test_kimi_k2_model_type_runs_the_same(releases, tmp_path):
@@ -128,11 +128,11 @@ def test_kimi_k2_model_type_runs_the_same(releases, tmp_path):
      "YaRN mscale 0.7 != mscale_all_dim 1.0"),
 ])
 def test_configs_the_reference_code_cannot_take_are_one_line_errors(releases, edit, message):
-    from fideval.model.reference import v3_args
+    from fideval.model.reference import deepseek_v3_args
 
     cfg = {**json.loads((releases["f32"] / "config.json").read_text()), **edit}
     with pytest.raises(FidevalError) as e:
-        v3_args.model_args(rv3.driver(releases["f32"]).m, cfg)
+        deepseek_v3_args.model_args(rv3.driver(releases["f32"]).m, cfg)
     assert message in e.value.message and "\n" not in e.value.message
 
 

@@ -1,4 +1,4 @@
-"""The torch stand-ins for DeepSeek-V3's Triton kernels (fideval.model.reference.kernels_v3) against float64
+"""The torch stand-ins for DeepSeek-V3's Triton kernels (fideval.model.reference.deepseek_v3_kernels) against float64
 references written here, fideval's own FP8 block dequantization (fideval.quant.fp8, the FP8-release path) and,
 on a GPU, the vendor's own Triton kernels (skipped without CUDA)."""
 
@@ -11,7 +11,7 @@ import pytest
 import torch
 from ref_deepseek_v3 import V3_CODE
 
-from fideval.model.reference import kernels_v3 as k
+from fideval.model.reference import deepseek_v3_kernels as k
 
 
 def _fp8(shape, seed=0, scale=1.0):

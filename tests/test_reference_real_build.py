@@ -1,6 +1,6 @@
 """A real quantized build through the reference code: a compressed-tensors NVFP4 encoding of a tiny DeepSeek-V3's
 routed experts (packed codes, E4M3 block scales, a global scale per tensor), decoded layer by layer by
-fideval.model.quantized and loaded into the vendor's Expert modules, gives logits bit-identical to the emulated
+fideval.model.weights.quantized and loaded into the vendor's Expert modules, gives logits bit-identical to the emulated
 candidate (the same format and recipe quantize-dequantized in place) in the same reference path."""
 
 from __future__ import annotations
@@ -11,8 +11,8 @@ import ref_deepseek_v3 as rv3
 import torch
 from safetensors.torch import load_file, save_file
 
-from fideval.model.quantized import open_real
 from fideval.model.runner import RunnerOptions, make_runner
+from fideval.model.weights.quantized import open_real
 from fideval.quant import get_format
 from fideval.quant.mx import pack_fp4
 from fideval.quant.spec import compile_spec

@@ -63,8 +63,8 @@ def test_provenance_records_every_files_sha256_and_the_kernels(model):
     assert p["implementation"] == "reference" and p["family"] == "deepseek_v3"
     assert p["files"]["model.py"] == hashlib.sha256((rv3.V3_CODE / "model.py").read_bytes()).hexdigest()
     assert set(p["files"]) >= {"model.py", "kernel.py", "convert.py", "configs/config_671B.json"}
-    assert p["modules"] == {"kernel": "fideval.model.reference.kernels_v3"}
-    assert p["kernels"]["weight_dequant"] == "fideval.model.reference.kernels_v3"
+    assert p["modules"] == {"kernel": "fideval.model.reference.deepseek_v3_kernels"}
+    assert p["kernels"]["weight_dequant"] == "fideval.model.reference.deepseek_v3_kernels"
     assert "FP8 E4M3" in r.weights_description and "reference code" in r.weights_description
     assert r.vocab_size == 512
 

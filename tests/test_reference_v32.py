@@ -19,11 +19,11 @@ import torch
 from ref_deepseek_v32 import CONFIG, VENDOR, shapes, write_tiny_v32
 
 from fideval.errors import FidevalError
-from fideval.model.checkpoint import Checkpoint
-from fideval.model.reference import kernels_v32
+from fideval.model.reference import deepseek_v32_kernels
 from fideval.model.reference.code import load_vendor_code
 from fideval.model.reference.deepseek_v32 import STAND_INS, DeepseekV32Driver, ensure_process_group
 from fideval.model.reference.deepseek_v32_names import MAPPING, to_hf, to_vendor
+from fideval.model.weights.checkpoint import Checkpoint
 
 pytestmark = pytest.mark.skipif(not (VENDOR / "model.py").is_file(), reason=f"vendor code not found at {VENDOR}")
 L = 40  # > index_topk (16): the indexer's top-k selection decides which keys late positions attend to
@@ -141,7 +141,7 @@ def test_last_position_equals_vendor_forward(models, kind):
     assert torch.equal(ours, vendor_h)
     err = float((logits[:, -1] - ref).abs().max())
     assert err <= 1e-6 * float(ref.abs().max()), err
-    assert d.kernels["kernel"] == d.kernels["fast_hadamard_transform"] == kernels_v32.__name__
+    assert d.kernels["kernel"] == d.kernels["fast_hadamard_transform"] == deepseek_v32_kernels.__name__
 
 
 def test_earlier_positions_equal_vendor_forward_on_prefixes(models, monkeypatch):
@@ -207,7 +207,7 @@ def _act_quant_exact(x, block_size=128, scale_fmt=None):
     """The vendor's act_quant without its E4M3 cast (test-only): the scaled values stay float32."""
     g = x.reshape(-1, x.size(-1) // 128, 128).float()
     amax = g.abs().amax(-1).clamp_min(1e-4)
-    s = kernels_v32.round_scale(amax) if scale_fmt is not None else amax / 448
+    s = deepseek_v32_kernels.round_scale(amax) if scale_fmt is not None else amax / 448
     return (g / s[..., None]).view(x.shape), s.view(*x.shape[:-1], -1)
 
 
@@ -258,7 +258,7 @@ def test_bad_input_is_one_line(models, tmp_path):
         import types
 
         k3 = types.ModuleType("fideval_test_v3_kernel")
-        k3.act_quant, k3.fp8_gemm, k3.weight_dequant = kernels_v32.act_quant, kernels_v32.fp8_gemm, lambda w, s: w
+        k3.act_quant, k3.fp8_gemm, k3.weight_dequant = deepseek_v32_kernels.act_quant, deepseek_v32_kernels.fp8_gemm, lambda w, s: w
         with pytest.raises(FidevalError, match="does not define Indexer"):
             DeepseekV32Driver(load_vendor_code(v3, trust=True, stand_ins={"kernel": k3}, prefer_vendor=False),
                               ck.config_dict, ck)

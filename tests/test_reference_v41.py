@@ -25,9 +25,9 @@ L = 24  # past the window (8): compressed KV (ratios 2 and 1) and the indexer's 
 
 
 def _driver(folder, **kw):
-    from fideval.model.checkpoint import Checkpoint
     from fideval.model.reference.code import load_vendor_code
     from fideval.model.reference.deepseek_v41 import DeepseekV41Driver
+    from fideval.model.weights.checkpoint import Checkpoint
 
     ck = Checkpoint(folder)
     return DeepseekV41Driver(load_vendor_code(folder / "inference", trust=True), ck.config_dict, ck, **kw)
@@ -296,9 +296,9 @@ class _Decoded:
 def test_a_builds_decoded_weights_load_into_the_vendors_kernels(tokens, tmp_path_factory):
     """Decoded FP4 experts and FP8 linears go back into the vendor's storage exactly (same logits, bit for
     bit); a tensor that is no longer FP4 takes the bf16 F.linear path and still matches the vendor's forward."""
-    from fideval.model.checkpoint import Checkpoint
     from fideval.model.reference.code import load_vendor_code
     from fideval.model.reference.deepseek_v41 import DeepseekV41Driver
+    from fideval.model.weights.checkpoint import Checkpoint
 
     torch.set_num_threads(1)
     folder = write_tiny_v41(tmp_path_factory.mktemp("v41dec") / "fp8", dtype="fp8")

@@ -24,7 +24,7 @@ SEQS = ["code-000.c0", "code-000.c1", "prose-000.c0", "prose-000.c1"]  # the tau
 
 def _interrupt_after(monkeypatch, n):
     """Ctrl-C (KeyboardInterrupt, as Python raises it on SIGINT) while the scorer takes shard n + 1."""
-    real, calls = score_run._Run.shard, []
+    real, calls = score_run.Scorer.shard, []
 
     def shard(self, item):
         calls.append(item.seq_id)
@@ -32,7 +32,7 @@ def _interrupt_after(monkeypatch, n):
             raise KeyboardInterrupt
         return real(self, item)
 
-    monkeypatch.setattr(score_run._Run, "shard", shard)
+    monkeypatch.setattr(score_run.Scorer, "shard", shard)
 
 
 def _yielded(monkeypatch):
@@ -114,12 +114,12 @@ def test_a_truncated_shard_is_found_before_scoring(stores):  # noqa: F811
 DRIVE = """
 import sys, time
 from fideval.score import run
-real = run._Run.shard
+real = run.Scorer.shard
 def slow(self, item):  # a long model run, shard by shard
     out = real(self, item)
     time.sleep(1.0)
     return out
-run._Run.shard = slow
+run.Scorer.shard = slow
 sys.argv = ["fideval", *sys.argv[1:]]
 from fideval.cli import main
 main()
@@ -174,7 +174,7 @@ def test_ctrl_c_on_a_terminal_keeps_the_scored_shards(taught, tmp_path):  # noqa
 @pytest.mark.parametrize(("verb", "patch", "line"), [
     (["check", "reports/demo/report.json"], "fideval.report.verdict.failures",
      "fideval: check interrupted: nothing partial was kept, earlier output is as it was (run the same command again)"),
-    (["teacher", "--model", "m", "--windows", "w", "--out", "o"], "fideval.model.teacher.sequence_folders",
+    (["teacher", "--model", "m", "--windows", "w", "--out", "o"], "fideval.model.teacher_pass.sequence_folders",
      "fideval: teacher interrupted: the finished shards are kept, the partial one was discarded "
      "(run the same command again to resume: finished shards are skipped)"),
 ])

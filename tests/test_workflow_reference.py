@@ -50,7 +50,7 @@ def test_reference_config_runs_the_workflow_end_to_end(tmp_path):
     ref = report["provenance"]["reference"]
     assert ref["implementation"] == "reference" and ref["trust_remote_code"] is True
     assert ref["reference_code"]["files"]["model.py"] == sha
-    assert ref["reference_code"]["modules"] == {"kernel": "fideval.model.reference.kernels_v3"}
+    assert ref["reference_code"]["modules"] == {"kernel": "fideval.model.reference.deepseek_v3_kernels"}
     results = {(x["path"], x["length"]): x["overall"] for x in report["results"]}
     assert {p for p, _ in results} == {"serving", "weights-only"} and len({n for _, n in results}) == 2
     for overall in results.values():

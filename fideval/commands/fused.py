@@ -63,7 +63,7 @@ def fused(
             raise FidevalError(f"the fused pass ran out of GPU memory ({str(e).splitlines()[0][:160]})",
                                hint="set teacher.fused: false (separate passes), or smaller teacher.chunk_bytes and "
                                "mlp_tokens; docs/runner.md, 'The fused pass'") from None
-    from fideval.model.accounting import line
+    from fideval.timing.accounting import line
 
     verdict = {True: "identical", False: "DIFFERS", None: "unchecked"}
     canary = ", ".join(f"{c['model']} {verdict[c.get('identical')]}" for c in r["canaries"])

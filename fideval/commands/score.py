@@ -55,7 +55,7 @@ def score(
     with output_lock(out, "score"):
         remove_temps(out)  # temp files of a killed run (we hold the lock: nobody else is writing them)
         s = score_candidate(t, cand, out, settings, self_check_first=self_check and not cand.is_teacher, teacher_spec=teacher)
-    from fideval.model.accounting import line
+    from fideval.timing.accounting import line
 
     typer.echo(f"{out}: {s['rows']:,} rows scored with {s['kernel']} on {s['device']}; "
                f"CPU check {s['cpu_check']['rows_checked']} rows, max rel diff {s['cpu_check']['max_rel_diff']:.2g}; "

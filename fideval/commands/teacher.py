@@ -48,7 +48,8 @@ def teacher(
     import os
 
     from fideval.lock import output_lock
-    from fideval.model.teacher import run_teacher, sequence_folders
+    from fideval.model.teacher import run_teacher
+    from fideval.model.teacher_pass import sequence_folders
 
     kinds = tuple(x.strip() for x in lengths.split(",") if x.strip())
     sequence_folders(windows, kinds)  # a bad --windows or --lengths fails before the output folder exists
@@ -71,7 +72,7 @@ def teacher(
             r = run_teacher(windows_dir=windows, out=out, kinds=kinds, domains=domain or None, peak_tflops=peak_tflops, **args)
     else:
         r = run_teacher(windows_dir=windows, out=out, kinds=kinds, domains=domain or None, peak_tflops=peak_tflops, **args)
-    from fideval.model.accounting import line
+    from fideval.timing.accounting import line
 
     st, ran = r["stats"], r["settings"]
     verdict = {True: "identical", False: "DIFFERS", None: "unchecked"}
@@ -82,11 +83,11 @@ def teacher(
 
 
 def _check_bf16_head(args: dict) -> None:
-    """``--lm-head bf16`` where the setting alone rules it out (fideval.model.head; the head's weights are checked
+    """``--lm-head bf16`` where the setting alone rules it out (fideval.model.execution.head; the head's weights are checked
     by the runner)."""
     from fideval.errors import FidevalError
-    from fideval.model import head
     from fideval.model.device import resolve_device, resolve_dtype
+    from fideval.model.execution import head
 
     msg = head.setting_refusal(args.get("implementation", "transformers"), resolve_device(args["device"]).type,
                                resolve_dtype(args["dtype"]))

@@ -1,5 +1,5 @@
 """Per-architecture knowledge: which transformers modules to build and how on-disk keys map to them
-(which parameters are routed experts, attention, ... is :mod:`fideval.model.module_classes`).
+(which parameters are routed experts, attention, ... is :mod:`fideval.quant.module_classes`).
 
 The decoder layers are transformers' own modules (the reference implementation), built on the meta
 device one at a time and filled with ``load_state_dict(assign=True)``. What an adapter adds is only
@@ -13,9 +13,9 @@ what the full model's ``forward`` and ``from_pretrained`` would otherwise do for
 * the model-level forward, per family (:mod:`fideval.model.families`, the table of what the runner runs and
   refuses): position ids ``arange(L)``, the rotary module (once, or per layer type), the mask of each layer
   type from transformers' own mask utilities, the embedding scale and the logits' finish.
-* FP8 releases (:mod:`fideval.model.fp8_release`): fp8 weights and their block scales are read as stored
+* FP8 releases (:mod:`fideval.model.weights.fp8_release`): fp8 weights and their block scales are read as stored
   (per-expert ones stacked into the fused layout, scales alongside), moved to the device as
-  :class:`~fideval.model.fp8_release.Packed` and dequantized there in :meth:`Adapter.materialize`.
+  :class:`~fideval.model.weights.fp8_release.Packed` and dequantized there in :meth:`Adapter.materialize`.
 * config aliases: ``model_type`` names transformers does not know for an architecture it has (Kimi-K2's
   ``kimi_k2`` is DeepSeek-V3) get that architecture's config class built from the dict.
 * a model-parallel rank keeps only experts [r*E/N, (r+1)*E/N) and passes the others to transformers'
@@ -35,10 +35,11 @@ from dataclasses import dataclass
 import torch
 
 from fideval.errors import FidevalError
-from fideval.model import fp8_release
-from fideval.model.checkpoint import WeightSource
+from fideval.model.execution.transforms import transform_weight
 from fideval.model.families import FAMILIES, MASKS, REFUSED, REFUSED_SETTINGS, Family
-from fideval.model.module_classes import quantized_class
+from fideval.model.weights import fp8_release
+from fideval.model.weights.checkpoint import WeightSource
+from fideval.quant.module_classes import quantized_class
 
 # model_type transformers does not know -> the one whose config class builds it (same architectures[0])
 CONFIG_ALIASES = {"kimi_k2": "deepseek_v3"}
@@ -61,7 +62,7 @@ def expert_range(rank: int, world: int, n_experts: int) -> tuple[int, int]:
 def check_model_config(cfg: dict, where) -> str:
     """The architecture of config.json ``cfg`` if the runner can run it; else the one-line error
     :meth:`Adapter.load` raises (``where`` names the file). ``fideval validate`` calls this too. A
-    ``quantization_config`` must be an FP8 release's (:func:`fideval.model.fp8_release.detect`)."""
+    ``quantization_config`` must be an FP8 release's (:func:`fideval.model.weights.fp8_release.detect`)."""
     archs = cfg.get("architectures") or []
     arch = archs[0] if archs else None
     if arch in REFUSED:
@@ -98,7 +99,7 @@ def model_config(cfg: dict, config_dir, where):
     """transformers' config for config.json ``cfg`` read from ``config_dir`` (a real build's is its reference's):
     AutoConfig on the folder, or for an aliased ``model_type`` (:data:`CONFIG_ALIASES`) that architecture's config
     class on the dict, never the folder's remote code. ``quantization_config`` is dropped: fp8 weights are
-    dequantized as they are read (fideval.model.fp8_release)."""
+    dequantized as they are read (fideval.model.weights.fp8_release)."""
     from transformers import AutoConfig
 
     try:
@@ -358,9 +359,9 @@ class Adapter:
                                        hint="the checkpoint is corrupt or does not match config.json")
                 jobs.append((k, buf[j, off:off + f.shape[0]]))
                 off += f.shape[0]
-        from fideval.model.checkpoint import _pool
+        from fideval.model.weights.reading import reader_pool
 
-        for fut in [_pool().submit(self.ckpt.read, k, out=dst) for k, dst in jobs]:
+        for fut in [reader_pool().submit(self.ckpt.read, k, out=dst) for k, dst in jobs]:
             fut.result()  # re-raises a FidevalError from any read
         return fp8_release.Packed(buf, sbuf, tuple(f.shape[0] for f in first)) if packed else buf
 
@@ -401,10 +402,7 @@ class Adapter:
         quantized in place instead of beside a second copy of itself on the device."""
         transposed = bool(cls_ == "routed_experts" and layer is not None and getattr(layer.mlp.experts, "is_transposed", False))
         x = t.transpose(-1, -2) if transposed else t
-        y = fn(cls_, name, x, out=x) if owned and _takes_out(fn) else fn(cls_, name, x)
-        if tuple(y.shape) != tuple(x.shape):
-            raise ValueError(f"weight_transform changed the shape of {name}")
-        y = y.to(t.dtype)
+        y = transform_weight(fn, cls_, name, x, out=x if owned else None).to(t.dtype)
         return (y.transpose(-1, -2) if transposed else y).contiguous()
 
     @staticmethod
@@ -415,16 +413,6 @@ class Adapter:
                                                            requires_grad=False))
         experts.num_experts = hi - lo
         experts._is_expert_parallel = True
-
-
-def _takes_out(fn: Callable) -> bool:
-    """Whether a weight transform takes the ``out=`` keyword (writes its result into a given tensor)."""
-    import inspect
-
-    try:
-        return "out" in inspect.signature(fn).parameters
-    except (TypeError, ValueError):  # a builtin or C callable without a signature
-        return False
 
 
 class _null:

@@ -19,6 +19,8 @@ import sys
 from dataclasses import dataclass
 from pathlib import Path
 
+from fideval.quant.module_classes import DISK_RENAMES
+
 
 @dataclass(frozen=True)
 class Family:
@@ -31,7 +33,7 @@ class Family:
     ``tanh(z / c) * c`` with ``final_logit_softcapping``) or ``divide`` (Granite: ``z / logits_scaling``).
     ``mask_kw``: extra arguments of the model's mask calls. ``halves``: the layer's forward is
     ``x + self_attn(input_layernorm(x))`` then ``x + mlp(post_attention_layernorm(x))``, so the throughput mode
-    (fideval.model.throughput) may run the two halves apart; False: whole layers always. ``renames``: (module
+    (fideval.model.execution.throughput) may run the two halves apart; False: whole layers always. ``renames``: (module
     name part, on-disk name part) pairs, as transformers' ``conversion_mapping.py`` renames the family's keys on
     load, tried when the module's own name is not on disk. ``notes``: the docs table's column."""
 
@@ -77,14 +79,12 @@ FAMILIES: dict[str, Family] = {
                                  "dense first layers, partial rotary"),
     "Ernie4_5_MoeForCausalLM": Family("ernie4_5_moe", "ernie4_5_moe", "Ernie4_5_Moe", "shared + routed experts, "
                                       "dense first layers, routing statistics bias",
-                                      renames=(("mlp.gate.moe_statics.", "mlp.moe_statics."),)),
+                                      renames=DISK_RENAMES["Ernie4_5_MoeForCausalLM"]),
     "GraniteMoeForCausalLM": Family("granitemoe", "granitemoe", "GraniteMoe", "routed experts; embedding, residual, "
                                     "attention and logit multipliers; its experts sit in `block_sparse_moe` (no `routed_experts` "
                                     "class for quant specs; replicated under model parallel)", embed="multiplier",
                                     head="divide", halves=False,
-                                    renames=(("block_sparse_moe.experts.gate_up_proj", "block_sparse_moe.input_linear.weight"),
-                                             ("block_sparse_moe.experts.down_proj", "block_sparse_moe.output_linear.weight"),
-                                             ("block_sparse_moe.router.weight", "block_sparse_moe.router.layer.weight"))),
+                                    renames=DISK_RENAMES["GraniteMoeForCausalLM"]),
     "HunYuanMoEV1ForCausalLM": Family("hunyuan_v1_moe", "hunyuan_v1_moe", "HunYuanMoEV1", "shared + routed "
                                       "experts, q/k norms"),
     "Dots1ForCausalLM": Family("dots1", "dots1", "Dots1", "shared + routed experts, dense first layers, "

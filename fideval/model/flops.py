@@ -19,10 +19,17 @@ convention of published MFU figures. ``tests/test_model_flops.py`` checks the co
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any, TypeAlias
+
+if TYPE_CHECKING:
+    from transformers import PretrainedConfig
+
+# what the counts read a model's sizes from: transformers' config, or a config.json as a dict (a family transformers
+# has no config of: the vendor driver's sizing_config(), fideval.model.reference)
+ModelConfig: TypeAlias = "PretrainedConfig | dict[str, Any]"
 
 
-def _get(cfg: Any, name: str, default: Any = None) -> Any:
+def _get(cfg: ModelConfig, name: str, default: Any = None) -> Any:
     v = cfg.get(name, default) if isinstance(cfg, dict) else getattr(cfg, name, default)
     return default if v is None else v
 
@@ -50,7 +57,7 @@ class Dims:
     v_dim: int  # all heads' value width (the attention output before o_proj)
 
 
-def dims(cfg: Any) -> Dims:
+def dims(cfg: ModelConfig) -> Dims:
     """The sizes of ``cfg`` (a transformers config or its config.json dict)."""
     mt = _get(cfg, "model_type", "")
     H, V, n = int(_get(cfg, "hidden_size")), int(_get(cfg, "vocab_size")), int(_get(cfg, "num_hidden_layers"))
@@ -93,7 +100,7 @@ def dims(cfg: Any) -> Dims:
                 moe_layers=moe, windows=windows, moe_intermediate=moe_i, q_dim=q_dim, k_dim=k_dim, v_dim=v_dim)
 
 
-def _other_families(cfg: Any, n: int, H: int, inter: int) -> tuple[int, int, int, tuple[bool, ...], int]:
+def _other_families(cfg: ModelConfig, n: int, H: int, inter: int) -> tuple[int, int, int, tuple[bool, ...], int]:
     """Routed experts, their intermediate size, shared experts' multiply-adds, which layers are MoE and the dense
     layers' intermediate size, for the families beyond the seven above (fideval.model.families), from the config
     keys each names them by. Their attention is counted as standard (linear-attention and indexer layers differ:
@@ -133,7 +140,7 @@ def mean_keys(length: int, window: int | None = None, causal: bool = True) -> fl
     return (w * (w + 1) / 2 + (length - w) * w) / length
 
 
-def flops_per_token(cfg: Any, length: int, causal: bool = True) -> dict[str, float]:
+def flops_per_token(cfg: ModelConfig, length: int, causal: bool = True) -> dict[str, float]:
     """Model FLOPs per token of a forward over sequences of ``length``, by part, and their ``total``.
 
     Parts: ``attn_proj``, ``attn_scores``, ``moe`` (router + routed top-k + shared experts), ``dense_mlp``,
@@ -148,7 +155,7 @@ def flops_per_token(cfg: Any, length: int, causal: bool = True) -> dict[str, flo
     return out
 
 
-def layer_params(cfg: Any, world: int = 1) -> list[int]:
+def layer_params(cfg: ModelConfig, world: int = 1) -> list[int]:
     """Parameters of each decoder layer as one rank holds them (routed experts split over ``world`` ranks):
     the attention projections, routed and shared experts, router, dense MLP and norms."""
     d = dims(cfg)

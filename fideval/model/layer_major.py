@@ -12,12 +12,51 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable, Iterator
+from typing import Any, Protocol, runtime_checkable
 
 import numpy as np
 import torch
 
 from fideval.errors import FidevalError
-from fideval.model import hooks
+from fideval.model.execution import hooks
+from fideval.timing.timeline import Timeline
+
+
+@runtime_checkable
+class ModelRunner(Protocol):
+    """What the stages ask of a model run, whichever backend computes it: the transformers runner
+    (:class:`fideval.model.runner.Runner`) or the vendor's reference code
+    (:class:`fideval.model.reference.runner.ReferenceRunner`), both on :class:`LayerMajor`'s outer loop.
+    :func:`fideval.model.runner.make_runner` gives the one ``RunnerOptions.implementation`` names."""
+
+    options: Any  # fideval.model.runner.RunnerOptions
+    device: torch.device
+    dtype: torch.dtype
+    micro_batch: int
+    head_mode: str  # the lm head's arithmetic as it runs: float32 or bf16 (fideval.model.execution.head)
+    stats: dict[str, Any]
+    timeline: Timeline
+    canary: dict | None  # the last run's verdict: {seq_id, sha256_start, sha256_end, identical}
+    warming: bool
+
+    @property
+    def vocab_size(self) -> int: ...
+
+    @property
+    def hidden_size(self) -> int: ...
+
+    @property
+    def weights_description(self) -> str: ...
+
+    def iter_logits(self, sequences, *, skip: Callable[[str], bool] | None = None, canary: bool = True,
+                    stored_digest: Callable[[str], str | None] | None = None) -> Iterator[tuple[str, torch.Tensor]]: ...
+
+    def run(self, tokens: np.ndarray, rows: list[int] | None = None, canary: bool = True, emit: set[int] | None = None,
+            canary_start: Callable[[], str | None] | None = None) -> Iterator[tuple[int, torch.Tensor]]: ...
+
+    def chunk_sequences(self, length: int) -> int: ...
+
+    def finish_profile(self) -> dict: ...
 
 
 class LayerMajor:
@@ -25,7 +64,7 @@ class LayerMajor:
 
     def finish_profile(self) -> dict:
         """``stats`` with the timeline folded (one synchronisation on a GPU): ``parts`` (seconds per part of the
-        timeline, fideval.model.profile), and as before ``attn_s``, ``moe_s``, ``mlp_s`` (dense), ``norm_s``
+        timeline, fideval.timing.timeline), and as before ``attn_s``, ``moe_s``, ``mlp_s`` (dense), ``norm_s``
         (norms and residual adds), ``moe_s_each`` / ``attn_s_each`` (ms of every MoE block / attention call)."""
         tl = self.timeline
         if tl.on:

@@ -26,8 +26,8 @@ import numpy as np
 import torch
 
 from fideval.errors import FidevalError
+from fideval.model.execution.prefetch import Prefetch
 from fideval.model.layer_major import LayerMajor
-from fideval.model.prefetch import Prefetch
 from fideval.model.runner import Runner
 
 SHAPING = ("dtype", "micro_batch", "host_budget", "device")  # what every model of a fused pass must share
@@ -90,7 +90,7 @@ class Lockstep(LayerMajor):
         """On a GPU, wait until the stream has run the unit just computed before the loader may start the unit after
         next: a unit's weights, recorded on the compute stream, cannot be reused until the kernels reading them are
         done, so without this wait the next load could find that memory still taken. Moves no bits. (The full-size
-        out-of-memory it was added for turned out to be a reference cycle in fideval.model.hooks; a snapshot there
+        out-of-memory it was added for turned out to be a reference cycle in fideval.model.execution.hooks; a snapshot there
         showed no memory pending on the stream. The wait's own cost is not measured apart: docs/runner.md, 'The
         fused pass'.)"""
         if self.side is not None:

@@ -10,7 +10,7 @@ time behind compute once a chunk holds enough tokens.
 Numerics follow the model's own forward: transformers' decoder-layer modules, its rotary module, its
 mask utilities, position ids ``arange(L)``; the final norm in the model dtype and the lm head in float32
 (``F.linear`` on float32 inputs and weights), as a float32 ``from_pretrained`` model computes it -- or, in a
-bf16 run on a GPU, the same bfloat16 operands on the tensor cores with float32 sums (fideval.model.head).
+bf16 run on a GPU, the same bfloat16 operands on the tensor cores with float32 sums (fideval.model.execution.head).
 A canary (the first micro-batch, same composition) runs again at the end of the run; its logits must be
 bit-identical, and the verdict is kept in :attr:`Runner.canary`.
 """
@@ -26,15 +26,16 @@ import numpy as np
 import torch
 
 from fideval.errors import FidevalError
-from fideval.model import determinism, fp8_release, hooks, parallel, profile
-from fideval.model import head as head_math
 from fideval.model.adapters import Adapter, expert_range
-from fideval.model.checkpoint import WeightSource, open_weights
 from fideval.model.device import resolve_device
-from fideval.model.layer_major import LayerMajor
-from fideval.model.prefetch import Ledger, Prefetch
-from fideval.model.profile import Timeline
-from fideval.model.throughput import MlpBlocks
+from fideval.model.execution import determinism, hooks, parallel
+from fideval.model.execution import head as head_math
+from fideval.model.execution.prefetch import Ledger, Prefetch
+from fideval.model.execution.throughput import MlpBlocks
+from fideval.model.layer_major import LayerMajor, ModelRunner
+from fideval.model.weights import fp8_release
+from fideval.model.weights.checkpoint import WeightSource, open_weights
+from fideval.timing.timeline import Timeline, module_parts
 
 DEFAULT_HOST_BUDGET = 4 << 30
 
@@ -51,13 +52,13 @@ class RunnerOptions:
     ``act_transform``: module class -> fn on that class's input activations (docs/runner.md);
     ``host_budget_bytes``: hidden states held per chunk (default 4 GiB); ``device_budget_bytes``: hidden
     states kept on the GPU between layers (default 35 % of its free memory), else pinned on the host;
-    ``mlp_tokens``: the throughput mode (fideval.model.throughput), None: whole layers per micro-batch;
+    ``mlp_tokens``: the throughput mode (fideval.model.execution.throughput), None: whole layers per micro-batch;
     ``lean_experts`` False: transformers' own grouped_mm experts forward (an A/B in the bench);
-    ``profile``: the run's time per part (fideval.model.profile's timeline) into ``Runner.stats``;
+    ``profile``: the run's time per part (fideval.timing.timeline's timeline) into ``Runner.stats``;
     ``implementation``: ``transformers`` (this module) or ``reference`` (the vendor's own code,
     fideval.model.reference.runner, from ``code`` relative to the model folder or absolute, which needs
     ``trust_remote_code``; ``reference``: the family driver's own options, e.g. ``{"gemm_impl": "fp8"}``);
-    ``head``: the lm head's arithmetic, ``auto`` | ``float32`` | ``bf16`` (fideval.model.head)."""
+    ``head``: the lm head's arithmetic, ``auto`` | ``float32`` | ``bf16`` (fideval.model.execution.head)."""
 
     device: str | torch.device = "cpu"
     dtype: torch.dtype = torch.float32
@@ -98,8 +99,8 @@ class Runner(LayerMajor):
     """One model, one device, optionally one rank of an N-way model-parallel group (see parallel.py).
 
     ``weights``: the reference checkpoint's folder, or any :class:`WeightSource` (a real quantized build,
-    fideval.model.quantized, standing in for the reference's weights). ``timeline``: the run's
-    :class:`~fideval.model.profile.Timeline`, shared with the caller's own parts (store writes, scoring);
+    fideval.model.weights.quantized, standing in for the reference's weights). ``timeline``: the run's
+    :class:`~fideval.timing.timeline.Timeline`, shared with the caller's own parts (store writes, scoring);
     by default one of the runner's own, on when ``options.profile``."""
 
     def __init__(self, weights: WeightSource | str | Path, options: RunnerOptions | None = None, *,
@@ -147,7 +148,7 @@ class Runner(LayerMajor):
     @property
     def weights_description(self) -> str:
         """What the weights are, for provenance: e.g. ``as released: FP8 E4M3, 128x128 block scales, dequantized
-        to bfloat16 on cuda`` or ``as released: bfloat16`` (fideval.model.fp8_release.describe)."""
+        to bfloat16 on cuda`` or ``as released: bfloat16`` (fideval.model.weights.fp8_release.describe)."""
         return fp8_release.describe(self.ckpt, self.adapter.release, self.dtype, self.device)
 
     @property
@@ -230,7 +231,7 @@ class Runner(LayerMajor):
         return mod
 
     def _choose_head(self) -> str:
-        """The lm head's mode (fideval.model.head): ``options.head`` or, for ``auto``, ``bf16`` where it forms the
+        """The lm head's mode (fideval.model.execution.head): ``options.head`` or, for ``auto``, ``bf16`` where it forms the
         float32 head's own products, else ``float32``. Under model parallel every rank takes the same mode."""
         want = self.options.head
         if want not in head_math.MODES:
@@ -345,9 +346,9 @@ class Runner(LayerMajor):
             if tl.on and not phased:  # the layer's own forward: its attention and MLP calls are parts
                 mlp = getattr(layer, "mlp", None)
                 if hasattr(layer, "self_attn"):
-                    profile.module_parts(layer.self_attn, tl, "attention")
+                    module_parts(layer.self_attn, tl, "attention")
                 if mlp is not None:
-                    profile.module_parts(mlp, tl, "moe" if hasattr(mlp, "experts") else "dense_mlp")
+                    module_parts(mlp, tl, "moe" if hasattr(mlp, "experts") else "dense_mlp")
         for j, h in enumerate(c.states):
             with self._mb_part(c, j):
                 with tl.part("states"):
@@ -388,7 +389,7 @@ class Runner(LayerMajor):
                 return self.adapter.finish_logits(logits)
 
     def _lean_path(self) -> bool:
-        """Whether routed experts modules take fideval.model.experts (those it supports): one rank, grouped_mm."""
+        """Whether routed experts modules take fideval.model.execution.experts (those it supports): one rank, grouped_mm."""
         return (self.options.lean_experts and self.world == 1
                 and getattr(self.adapter.config, "_experts_implementation", None) == "grouped_mm")
 
@@ -410,7 +411,7 @@ def iter_logits(weights: WeightSource | str | Path, sequences, options: RunnerOp
                 timeline: Timeline | None = None,
                 skip: Callable[[str], bool] | None = None) -> Iterator[tuple[str, torch.Tensor]]:
     """The contract entry point: ``(seq_id, float32 [L, V])`` per sequence, layer by layer; ``timeline``: the
-    caller's, to put the runner's parts beside its own (fideval.model.profile); ``skip``: sequences not to
+    caller's, to put the runner's parts beside its own (fideval.timing.timeline); ``skip``: sequences not to
     yield (:meth:`Runner.iter_logits`: a resumed run computes only the chunks that hold another).
 
     Under torchrun (WORLD_SIZE > 1) every rank must call this; each yields the same, full logits.
@@ -421,7 +422,7 @@ def iter_logits(weights: WeightSource | str | Path, sequences, options: RunnerOp
                            timeline=timeline).iter_logits(sequences, skip=skip)
 
 
-def make_runner(weights: WeightSource | str | Path, options: RunnerOptions, **kw):
+def make_runner(weights: WeightSource | str | Path, options: RunnerOptions, **kw) -> ModelRunner:
     """The runner ``options.implementation`` names: :class:`Runner` (transformers) or the reference code's."""
     if options.implementation == "reference":
         from fideval.model.reference.runner import ReferenceRunner

@@ -48,7 +48,7 @@ from typing import Any
 import torch
 
 from fideval.errors import FidevalError
-from fideval.model.flops import dims, layer_params
+from fideval.model.flops import ModelConfig, dims, layer_params
 
 AUTO = "auto"
 ATTN_TOKENS = 16_384
@@ -111,10 +111,10 @@ def parse(text: Any, name: str, *, off: bool = True) -> int | str | None:
     return n
 
 
-def footprint(cfg: Any, dtype: torch.dtype, seq_len: int, world: int = 1, math_attention: bool = False,
+def footprint(cfg: ModelConfig, dtype: torch.dtype, seq_len: int, world: int = 1, math_attention: bool = False,
               split_heads: bool = False) -> Footprint:
     """The documented per-token estimates (module docstring) for ``cfg`` (a transformers config or config dict);
-    ``split_heads``: a rank computes 1/world of the attention heads (the vendor's code; fideval.model.parallel
+    ``split_heads``: a rank computes 1/world of the attention heads (the vendor's code; fideval.model.execution.parallel
     replicates transformers' attention)."""
     d = dims(cfg)
     b = torch.empty((), dtype=dtype).element_size()
@@ -135,14 +135,14 @@ def footprint(cfg: Any, dtype: torch.dtype, seq_len: int, world: int = 1, math_a
                      head_unit=units[-1])
 
 
-def _head_dim(cfg: Any, d) -> int:
+def _head_dim(cfg: ModelConfig, d) -> int:
     get = cfg.get if isinstance(cfg, dict) else lambda k, v=None: getattr(cfg, k, v)
     if get("kv_lora_rank"):
         return int(get("qk_nope_head_dim")) + int(get("qk_rope_head_dim"))
     return int(get("head_dim") or d.hidden // int(get("num_attention_heads")))
 
 
-def choose(device: torch.device | str, dtype: torch.dtype, cfg: Any, seq_len: int, *, n_sequences: int | None = None,
+def choose(device: torch.device | str, dtype: torch.dtype, cfg: ModelConfig, seq_len: int, *, n_sequences: int | None = None,
            world: int = 1, micro_batch: int | str = AUTO, mlp_tokens: int | str | None = AUTO,
            chunk_bytes: int | str | None = AUTO, free_bytes: int | None = None, math_attention: bool | None = None,
            split_heads: bool = False, models: int = 1, stored_bytes: int | None = None) -> Settings:

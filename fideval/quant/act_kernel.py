@@ -19,8 +19,7 @@ from __future__ import annotations
 
 import torch
 
-from fideval.quant.activations import AMAX_FLOOR  # the torch version's own constants
-from fideval.quant.elements import E4M3
+from fideval.quant.elements import AMAX_FLOOR, E4M3  # the torch version's own constants
 
 try:  # optional: the CPU machine and CI may lack it; act_quant_e4m3 then runs its torch version
     import triton

@@ -16,9 +16,8 @@ from __future__ import annotations
 import torch
 
 from fideval.errors import FidevalError
-from fideval.quant.elements import E4M3, cast, ceil_pow2_exponent, pow2
+from fideval.quant.elements import AMAX_FLOOR, E4M3, cast, ceil_pow2_exponent, pow2
 
-AMAX_FLOOR = 1e-4
 # rows per chunk hold about this many elements: the float32 temporaries of a chunk (a dozen, in cast()) stay
 # near 0.4 GB, where the whole [T k, I] input of a MoE block's down projection would take tens of GB at once
 CHUNK_ELEMENTS = 1 << 23

@@ -161,27 +161,33 @@ CHUNK_ROWS_MULTIPLE = 128
 CHUNK_ELEMENTS = 1 << 24
 
 
-FORMATS: dict[str, Format] = {}
-
-
-def register(fmt: Format) -> Format:
-    assert fmt.name not in FORMATS, fmt.name
-    FORMATS[fmt.name] = fmt
-    return fmt
-
-
-def _load_all() -> None:
-    # Importing the family modules registers their formats.
-    from fideval.quant import fp8, gguf_formats, gguf_ktypes, intgroup, mx, nvfp4  # noqa: F401
+# THE table of formats: name -> the module that defines it, imported on first use. Each of those modules imports
+# this one (Format, Encoded), so the table names them instead of importing them (the shape of
+# fideval.model.reference.driver.DRIVERS); a module lists its formats in ``DEFINES``. tests/test_quant_base.py checks
+# that the table and the modules' ``DEFINES`` agree.
+FORMATS: dict[str, str] = {
+    "fp8_block": "fideval.quant.fp8",
+    **{f"mx{k}": "fideval.quant.mx" for k in ("fp4", "fp6_e2m3", "fp6_e3m2", "fp8_e4m3", "fp8_e5m2")},
+    "nvfp4": "fideval.quant.nvfp4",
+    "int4": "fideval.quant.intgroup",
+    "int8": "fideval.quant.intgroup",
+    **{f"gguf_{k}": "fideval.quant.gguf_formats" for k in ("q8_0", "q4_0", "q4_1", "q5_0", "q5_1", "mxfp4")},
+    **{f"gguf_{k}": "fideval.quant.gguf_ktypes" for k in ("q2_k", "q3_k", "q4_k", "q5_k", "q6_k", "iq4_nl", "iq4_xs")},
+}
+_LOADED: dict[str, Format] = {}
 
 
 def get_format(name: str) -> Format:
-    """The format registered under ``name``; one-line error listing the known names otherwise."""
-    _load_all()
-    fmt = FORMATS.get(str(name).lower())
-    if fmt is None:
+    """The format named ``name``; one-line error listing the known names otherwise."""
+    key = str(name).lower()
+    module = FORMATS.get(key)
+    if module is None:
         raise FidevalError(f"unknown quant format {name!r}", hint=f"known formats: {', '.join(sorted(FORMATS))}")
-    return fmt
+    if key not in _LOADED:
+        import importlib
+
+        _LOADED.update((f.name, f) for f in importlib.import_module(module).DEFINES)
+    return _LOADED[key]
 
 
 def quant_dequant(x: torch.Tensor, format: str, recipe: str | None = None, group: int | None = None) -> torch.Tensor:

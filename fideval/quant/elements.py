@@ -54,6 +54,10 @@ E2M3 = ElementFormat("e2m3", 2, 3, 1, 7.5)
 E3M2 = ElementFormat("e3m2", 3, 2, 3, 28.0)
 E2M1 = ElementFormat("e2m1", 2, 1, 1, 6.0)
 ELEMENTS = {f.name: f for f in (E4M3, E5M2, E2M3, E3M2, E2M1)}
+# the smallest block amax a dynamic E4M3 activation scale is taken from (DeepSeek-V3 act_quant's clamp): an
+# all-zero block gets a finite scale. Here, not in activations.py, so its Triton kernel (act_kernel.py) reads the
+# same constant without importing the module that dispatches to it
+AMAX_FLOOR = 1e-4
 
 
 def pow2(e: torch.Tensor) -> torch.Tensor:

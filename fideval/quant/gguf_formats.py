@@ -24,7 +24,7 @@ from __future__ import annotations
 import torch
 
 from fideval.errors import FidevalError
-from fideval.quant.base import Encoded, Format, register
+from fideval.quant.base import Encoded, Format
 
 QK = 32
 # (block bytes, has min, bits per element)
@@ -223,4 +223,5 @@ def gguf_dequantize(raw, qtype, shape=None) -> torch.Tensor:
     return t.reshape(shape) if shape is not None else t
 
 
-GGUF_FORMATS = {k: register(GGUFFormat(k)) for k in _LAYOUT}
+GGUF_FORMATS = {k: GGUFFormat(k) for k in _LAYOUT}
+DEFINES = tuple(GGUF_FORMATS.values())  # fideval.quant.base.FORMATS names this module for them

@@ -14,7 +14,7 @@ from __future__ import annotations
 import torch
 
 from fideval.errors import FidevalError
-from fideval.quant.base import Encoded, Format, register
+from fideval.quant.base import Encoded, Format
 from fideval.quant.gguf_iquants import KVALUES_IQ4NL, encode_iq4_nl, encode_iq4_xs
 from fideval.quant.gguf_kquants import encode_q2_k, encode_q3_k, encode_q4_k, encode_q5_k, encode_q6_k
 
@@ -155,7 +155,8 @@ class GGUFKFormat(Format):
         return vals.reshape(enc.shape).to(enc.dtype)
 
 
-K_FORMATS = {k: register(GGUFKFormat(k)) for k in K_TYPES}
+K_FORMATS = {k: GGUFKFormat(k) for k in K_TYPES}
+DEFINES = tuple(K_FORMATS.values())  # fideval.quant.base.FORMATS names this module for them
 
 
 def get_k_format(kind: str) -> GGUFKFormat:

@@ -5,9 +5,9 @@ layout llama.cpp's converter writes.
 Why the whole model is planned first: llama-quantize's rule (:mod:`fideval.quant.gguf_mixes`) is a walk over every
 tensor of the GGUF -- its ``attn_v`` counter, the ``ffn_down`` layer numbers and the tied-embedding test see them
 all -- so the types can only be chosen once the GGUF the converter would write is known. That GGUF is derived, not
-read: gguf-py's name table (:func:`fideval.model.gguf_names.plan_sources`, the table the converter writes with)
+read: gguf-py's name table (:func:`fideval.quant.gguf_names.plan_sources`, the table the converter writes with)
 gives each Hugging Face tensor its llama.cpp name(s) and rewrite, and :func:`to_gguf` applies the rewrite forwards
-(the inverse of :func:`fideval.model.gguf_names.assemble`, which maps the quantized parts back). Quantization runs
+(the inverse of :func:`fideval.quant.gguf_names.assemble`, which maps the quantized parts back). Quantization runs
 along the GGUF row (``ne[0]``), so rewrites that move whole rows (the llama Q/K permutation, experts split per
 projection) do not change a value, while DeepSeek's ``kv_b_proj`` -- transposed into ``attn_k_b`` [H, r, nope]
 (rows of ``qk_nope_head_dim``) and ``attn_v_b`` [H, v, r] -- and gpt-oss's transposed experts do: they are
@@ -33,9 +33,9 @@ from typing import Any
 import torch
 
 from fideval.errors import FidevalError
-from fideval.model import gguf_names
-from fideval.model.module_classes import MODULE_CLASSES, module_class_of
+from fideval.quant import gguf_names
 from fideval.quant.gguf_mixes import MIXES, MixModel, allows_quantization, mix_types
+from fideval.quant.module_classes import MODULE_CLASSES, module_class_of
 
 EMBED = "model.embed_tokens.weight"
 _FLOATS = {"F32": None, "F16": torch.float16, "BF16": torch.bfloat16}
@@ -83,7 +83,7 @@ class _Converted(set):
 
 def to_gguf(src: gguf_names.Source, t: torch.Tensor, config: dict) -> list[torch.Tensor]:
     """The GGUF tensor(s) (numpy order, row = last dim) llama.cpp's converter writes for the Hugging Face tensor ``t``:
-    the forward of :func:`fideval.model.gguf_names.assemble`."""
+    the forward of :func:`fideval.quant.gguf_names.assemble`."""
     if src.op == "plain":
         return [t]
     if src.op == "permute":  # LlamaModel.permute (src.heads: the KV head count for K)

@@ -5,7 +5,7 @@ A spec maps module classes -- ``routed_experts``, ``shared_experts``, ``attentio
 dict (the GPU machine has no pydantic), or a compact string for the CLI:
 ``"routed_experts=mxfp4:rceil,attention=fp8_block,dense_mlp=int4:asym/64"`` (``format[:recipe][/group]``).
 
-:func:`module_class_of` (from :mod:`fideval.model.module_classes`, re-exported here) is THE mapping from
+:func:`module_class_of` (from :mod:`fideval.quant.module_classes`, re-exported here) is THE mapping from
 parameter names to module classes; the runner and ``fideval quant inspect`` both use it, so what is counted
 is what is quantized.
 
@@ -24,7 +24,7 @@ from typing import Any
 import torch
 
 from fideval.errors import FidevalError
-from fideval.model.module_classes import MODULE_CLASSES, is_quantized_tensor, module_class_of
+from fideval.quant.module_classes import MODULE_CLASSES, is_quantized_tensor, module_class_of
 
 __all__ = ["MODULE_CLASSES", "CompiledSpec", "ModuleSpec", "check_spec_classes", "compile_spec", "is_quantized_tensor",
            "module_class_of", "parse_spec", "resolve_spec"]

@@ -21,11 +21,21 @@ import json
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
 from fideval.errors import FidevalError
+
+if TYPE_CHECKING:
+    from fideval.config import Candidate as CandidateConfig
+    from fideval.config import Config
+    from fideval.model_source import ModelFiles
+    from fideval.score.run import ScoreSettings
+    from fideval.store.reader import StoreReader
+    from fideval.store.rows import TeacherRows
+    from fideval.windows.layout import Sequences
+
 
 UNKNOWN = (None, "", "None", "local", "unknown")  # what a store records when it was told no identity
 
@@ -51,7 +61,7 @@ class Candidate:
     info: dict[str, Any] | None = None  # score.json's candidate_info (source, quant spec, bits per weight)
     order: list[str] | None = None  # the seq ids in the shards' order, when known up front (a store's)
     is_teacher: bool = False  # the teacher scored against itself: the run is the self-check
-    timeline: Any = None  # a model run's fideval.model.profile.Timeline: the runner's parts beside the scorer's
+    timeline: Any = None  # a model run's fideval.timing.timeline.Timeline: the runner's parts beside the scorer's
     flops_per_token: float | None = None  # a model run's analytic model FLOPs per token (fideval.model.flops)
     # resuming (fideval.score.resume): seq ids already scored, which the shards must not produce again. A model
     # run's runner reads ``skip`` when it starts; store and teacher shards iterate ``pending``, which the scorer
@@ -63,7 +73,7 @@ class Candidate:
     lossy: str | None = None  # a candidate store's own `lossy` meta (a llama.cpp import): scored as stored
 
 
-def teacher_sequences(teacher: Any):
+def teacher_sequences(teacher: StoreReader) -> Sequences:
     """The teacher store's own token ids as Sequences: the candidate runs on exactly what the teacher saw."""
     from fideval.windows.layout import Sequences
 
@@ -79,7 +89,7 @@ def teacher_sequences(teacher: Any):
     return Sequences(ids=ids, domains=domains, tokens=np.stack(rows).astype(np.int32))
 
 
-def teacher_settings(cfg: Any, teacher: Any, files: Any) -> dict[str, Any]:
+def teacher_settings(cfg: Config, teacher: StoreReader, files: ModelFiles) -> dict[str, Any]:
     """``{dtype, micro_batch, mlp_tokens, chunk_bytes, lm_head}`` the teacher ran with (its manifest's ``teacher`` block),
     after checking that the config and the model folder agree with the store: a key the config sets to another
     value, another model id, revision or tokenizer is a one-line error. A key the config leaves out (or sets to
@@ -149,7 +159,7 @@ def run_options(files: Any, seqs: Any, settings: dict[str, Any], device: str,
             **st.runner_options()}, config
 
 
-def _model_run(files: Any, teacher: Any, settings: dict[str, Any], device: str, checkpoint: Any = None,
+def _model_run(files: ModelFiles, teacher: StoreReader, settings: dict[str, Any], device: str, checkpoint: Any = None,
                timeline: Any = None, skip: set[str] | None = None, backend: dict[str, Any] | None = None,
                **transforms: Any) -> tuple[Iterator[CandidateShard], float, dict[str, Any]]:
     """The runner over the teacher's sequences, with the teacher's settings; ``checkpoint`` (a real build)
@@ -157,8 +167,8 @@ def _model_run(files: Any, teacher: Any, settings: dict[str, Any], device: str, 
     sequences in ``skip`` when the run starts are not yielded (nor computed, chunk by chunk); ``backend``:
     RunnerOptions' ``implementation``/``code``/``trust_remote_code`` (the config's model section). Returns the
     shards, the model FLOPs per token and the settings as run (with the reference code's provenance)."""
-    from fideval.model import parallel
     from fideval.model.device import resolve_device
+    from fideval.model.execution import parallel
     from fideval.model.flops import flops_per_token
     from fideval.model.runner import RunnerOptions, make_runner
 
@@ -184,7 +194,7 @@ def _model_run(files: Any, teacher: Any, settings: dict[str, Any], device: str, 
     return (CandidateShard(sid, x) for sid, x in logits), flops_per_token(config, seqs.tokens.shape[1])["total"], ran
 
 
-def from_config(cfg: Any, name: str, path: str, teacher: Any, device: str) -> Candidate:
+def from_config(cfg: Config, name: str, path: str, teacher: StoreReader, device: str) -> Candidate:
     """Candidate ``name`` of ``cfg`` on ``path`` (serving or weights-only), run over the teacher's sequences
     with the teacher's settings (:func:`teacher_settings`): its ``checkpoint:`` (a real build) when it names
     one, else its ``quant:`` spec emulated on the reference checkpoint."""
@@ -197,7 +207,7 @@ def from_config(cfg: Any, name: str, path: str, teacher: Any, device: str) -> Ca
     if path not in cand.paths:
         raise FidevalError(f"candidate {name!r} has no path {path!r}", hint=f"its paths: {', '.join(cand.paths)}")
     from fideval.model.device import resolve_device
-    from fideval.model.profile import Timeline
+    from fideval.timing.timeline import Timeline
 
     files = locate(cfg.model.path, cfg.model.revision)
     settings = teacher_settings(cfg, teacher, files)
@@ -213,7 +223,7 @@ def from_config(cfg: Any, name: str, path: str, teacher: Any, device: str) -> Ca
                      skip=skip)
 
 
-def describe(cfg: Any, cand: Any, path: str, files: Any) -> tuple[dict[str, Any], dict[str, Any]]:
+def describe(cfg: Config, cand: CandidateConfig, path: str, files: ModelFiles) -> tuple[dict[str, Any], dict[str, Any]]:
     """The runner's hooks for candidate ``cand`` on ``path`` and score.json's ``candidate_info`` (without the run
     settings, which join it once the runner is built)."""
     hooks, info = (_real if cand.checkpoint is not None else _emulated)(cand, path, files)
@@ -308,9 +318,9 @@ def checkpoint_identity(p) -> dict[str, Any]:
 def _real(cand: Any, path: str, files: Any) -> tuple[dict[str, Any], dict[str, Any]]:
     """The runner's hooks and score.json's info for the real quantized build ``cand.checkpoint`` (a .gguf
     file or a quantized safetensors folder): architecture and config from the reference model folder,
-    weights decoded from the build layer by layer (``fideval.model.quantized``)."""
+    weights decoded from the build layer by layer (``fideval.model.weights.quantized``)."""
     from fideval.config import is_hub, resolve_path
-    from fideval.model.quantized import open_real
+    from fideval.model.weights.quantized import open_real
     from fideval.model_source import locate
 
     src = locate(cand.checkpoint).folder if is_hub(cand.checkpoint) else resolve_path(cand.checkpoint)
@@ -344,7 +354,7 @@ def store_shards(reader: Any, seq_ids: Iterable[str], device: Any = None, prefet
         yield CandidateShard(sid, logits, tokens, reader.row_start(sid))
 
 
-def from_store(reader: Any, teacher: Any, name: str, path: str = "store", device: Any = None,
+def from_store(reader: StoreReader, teacher: StoreReader, name: str, path: str = "store", device: Any = None,
                spec: Any = None) -> Candidate:
     """A candidate logit store (a StoreReader), checked against the teacher: same vocabulary, a shard for
     every teacher sequence. Its shards come in the teacher's order, so a GPU run streams both side by side."""
@@ -376,7 +386,7 @@ def store_identity(reader: Any, spec: Any = None) -> dict[str, Any]:
             "model_revision": meta.get("model_revision"), "kind": meta.get("kind")}
 
 
-def teacher_shards(teacher: Any, seq_ids: Iterable[str]) -> Iterator[CandidateShard]:
+def teacher_shards(teacher: TeacherRows, seq_ids: Iterable[str]) -> Iterator[CandidateShard]:
     """The teacher's own shards, copied out of the memory map, as a candidate's."""
     import torch
 
@@ -385,7 +395,7 @@ def teacher_shards(teacher: Any, seq_ids: Iterable[str]) -> Iterator[CandidateSh
         yield CandidateShard(sid, torch.from_numpy(np.array(logits, dtype=np.float32)), tokens, teacher.row_start(sid))
 
 
-def teacher_itself(teacher: Any, name: str = "self", path: str = "store") -> Candidate:
+def teacher_itself(teacher: TeacherRows, name: str = "self", path: str = "store") -> Candidate:
     """The teacher as its own candidate (``--self-check`` alone): every row must score exactly 0."""
     ids = list(teacher.seq_ids)
     return Candidate(name=name, path=path, shards=teacher_shards(teacher, ids), is_teacher=True, pending=ids,
@@ -393,8 +403,8 @@ def teacher_itself(teacher: Any, name: str = "self", path: str = "store") -> Can
                      shard_sha256=lambda sid: teacher.entry(sid)["sha256"])
 
 
-def select(teacher: Any, spec: str | None, path: str, settings: Any, *, cfg: Any = None, name: str | None = None,
-           self_check: bool = False) -> Candidate:
+def select(teacher: StoreReader, spec: str | None, path: str, settings: ScoreSettings, *, cfg: Config | None = None,
+           name: str | None = None, self_check: bool = False) -> Candidate:
     """The candidate ``fideval score`` is asked for: with a config, its candidate ``spec`` run on ``path``;
     else the logit store at ``spec`` (named ``name``, default its folder's name); with neither and
     ``self_check``, the teacher itself."""
@@ -409,7 +419,7 @@ def select(teacher: Any, spec: str | None, path: str, settings: Any, *, cfg: Any
         if not self_check:
             raise FidevalError("give --candidate STORE (or --self-check to score the teacher against itself)")
         return teacher_itself(teacher, name or "self", path)
-    from fideval.score.run import pick
+    from fideval.score.kernels import pick
     from fideval.store import StoreReader
     from fideval.store.hub import resolve_store
 

@@ -21,23 +21,36 @@ from __future__ import annotations
 import json
 import os
 import sys
-import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
 
 from fideval.errors import FidevalError, Interrupted
+
+if TYPE_CHECKING:
+    import torch
+
+    from fideval.config import Config
+    from fideval.model.runner import Runner
+    from fideval.model.sizing import Settings
+    from fideval.model.teacher_pass import TeacherPass
+    from fideval.score.candidate import Candidate
+    from fideval.score.resume import ShardCache
+    from fideval.score.run import Scorer, ScoreSettings
+    from fideval.windows.layout import Sequences
 
 SELF = ("self", "store")  # the self-check's candidate name and path (``fideval score --self-check``)
 
 
-def fusable(cfg: Any) -> list[tuple[Any, str]]:
+def fusable(cfg: Config) -> list[tuple[Any, str]]:
     """The config's (candidate, path) pairs the fused pass runs: every emulated candidate (a real build reads its
     own files, so it keeps its own pass)."""
     return [(c, p) for c in cfg.candidates if c.checkpoint is None for p in c.paths]
 
 
-def refusal(cfg: Any) -> str | None:
+def refusal(cfg: Config) -> str | None:
     """Why the config cannot run fused (``fideval validate`` asks this when ``teacher.fused`` is set), else None."""
     if cfg.model.implementation != "transformers":
         return "teacher.fused needs model.implementation: transformers (the reference code loads its own weights)"
@@ -48,17 +61,18 @@ def refusal(cfg: Any) -> str | None:
     return None
 
 
-class _Live:
-    """The teacher as the scorer sees it (a StoreReader's ``vocab_size``/``entry``/``row_start``/``meta``) before its
-    store is finished, and the feed of the rows in flight: the teacher's logits of the current micro-batch."""
+class LiveTeacher:
+    """The teacher as the scorer sees it before its store is finished (:class:`~fideval.store.rows.TeacherRows`) and
+    the feed of the rows in flight (:class:`~fideval.store.rows.RowFeed`): the teacher's logits of the micro-batch
+    the lockstep has just computed, on the device, dropped once every model's rows of it are scored."""
 
-    def __init__(self, seqs: Any, vocab: int, meta: dict[str, Any], root: Path):
+    def __init__(self, seqs: Sequences, vocab: int, meta: dict[str, Any], root: Path):
         self.vocab_size, self.meta, self.root = vocab, meta, root
         self.seq_ids = list(seqs.ids)
         L = int(seqs.tokens.shape[1])
         self._entries = {sid: {"tokens": L, "rows": L, "row_start": 0, "window_id": seqs.window_of(sid),
                                "domain": seqs.domains[k]} for k, sid in enumerate(self.seq_ids)}
-        self.rows: dict[str, tuple[Any, Any]] = {}
+        self.rows: dict[str, tuple[torch.Tensor, np.ndarray]] = {}
 
     def entry(self, sid: str) -> dict[str, Any]:
         return self._entries[sid]
@@ -66,31 +80,37 @@ class _Live:
     def row_start(self, sid: str) -> int:
         return 0
 
-    def get(self, sid: str):  # the TeacherFeed interface
+    def get(self, sid: str) -> tuple[torch.Tensor, np.ndarray] | None:
         return self.rows.get(sid)
+
+    def read(self, sid: str) -> tuple[np.ndarray, np.ndarray]:
+        """A sequence's rows as host arrays, while they are in flight (the scorer asks :meth:`get` first)."""
+        if sid not in self.rows:
+            raise FidevalError(f"the fused pass's teacher rows of {sid} are no longer on the device",
+                               hint="a candidate's rows must be scored while the teacher's micro-batch is in flight")
+        logits, tokens = self.rows[sid]
+        return logits.float().cpu().numpy(), np.asarray(tokens)
 
 
 @dataclass
 class _Scoring:
     """One candidate (or the self-check) of the pass: its scorer, its kept shards and those waiting for their key."""
 
-    candidate: Any
+    candidate: Candidate
     out_dir: Path
-    settings: Any  # fideval.score.run.ScoreSettings
-    run: Any  # fideval.score.run._Run
-    cache: Any  # fideval.score.resume.ShardCache
+    settings: ScoreSettings
+    scorer: Scorer
+    cache: ShardCache
     starts: dict[str, int]
     stats: dict[str, dict] = field(default_factory=dict)  # kept or scored shards' figures
     waiting: list = field(default_factory=list)  # scored, waiting for their teacher shard on disk
 
-    def score(self, sid: str, logits: Any) -> None:
+    def score(self, sid: str, logits: torch.Tensor) -> None:
         from fideval.score.candidate import CandidateShard
         from fideval.score.records import shard_table
-        from fideval.score.run import _scored
 
-        self.run.seen = self.starts[sid]
-        out, st = _scored(self.run, CandidateShard(sid, logits))
-        with self.run.tl.part("records"):
+        out, st = self.scorer.scored(CandidateShard(sid, logits), self.starts[sid])
+        with self.scorer.tl.part("records"):
             table = shard_table(candidate=self.candidate.name, path=self.candidate.path, **out) if out and st["rows"] else None
         self.waiting.append((sid, table, st))
 
@@ -102,7 +122,7 @@ class _Scoring:
             if sha is None:
                 still.append((sid, table, st))
                 continue
-            with self.run.tl.part("records"):
+            with self.scorer.tl.part("records"):
                 self.cache.save(sid, self.cache.key(sid, sha, None, self.starts[sid]), table, st)
             self.stats[sid] = st
         self.waiting = still
@@ -122,7 +142,7 @@ def chunks_note(n: int, fused_seqs: int, separate_seqs: int) -> str:
 
 def one_length(windows: str | Path) -> tuple[Path, Path, str]:
     """The windows folder, the one sequence folder and its kind (``windows``/``cuts``) a fused pass runs on."""
-    from fideval.model.teacher import sequence_folders
+    from fideval.model.teacher_pass import sequence_folders
 
     windows_dir, folders = sequence_folders(Path(windows), ("windows", "cuts"))
     if len(folders) != 1:
@@ -131,183 +151,173 @@ def one_length(windows: str | Path) -> tuple[Path, Path, str]:
     return windows_dir, folders[0], folders[0].name.rpartition("-")[0]
 
 
-def run_fused(cfg: Any, windows: str | Path, domain: str, out: str | Path, records: str | Path, *, device: str = "auto",
-              settings: Any = None, self_check: bool = True, peak_tflops: float | None = None) -> dict[str, Any]:
+def run_fused(cfg: Config, windows: str | Path, domain: str, out: str | Path, records: str | Path, *, device: str = "auto",
+              settings: ScoreSettings | None = None, self_check: bool = True, peak_tflops: float | None = None) -> dict[str, Any]:
     """The fused pass over one token file's sequences of ``domain``: the teacher store at ``out`` and each candidate's
     records at ``records/<candidate>/<path>/<kind>/<domain>`` (the self-check's at ``records/self...``: see
     :func:`records_dir`). Returns ``written``, ``skipped``, ``canaries``, ``settings``, ``profile`` and ``scored``
     (each records folder's score.json)."""
-    t_start = time.perf_counter()
-    from fideval.model import accounting
-    from fideval.model.adapters import Adapter
-    from fideval.model.checkpoint import open_weights
-    from fideval.model.device import resolve_dtype
-    from fideval.model.flops import flops_per_token
-    from fideval.model.layer_major import sequences_per_chunk
-    from fideval.model.lockstep import Lockstep
-    from fideval.model.profile import Timeline
-    from fideval.model.runner import Runner, RunnerOptions
-    from fideval.model.sizing import parse
-    from fideval.model.teacher import (
-        adopt_head,
-        read_checked,
-        recorded_settings,
-        sized_settings,
-        store_meta,
-        stored_digest,
-        tokenizer_shas,
-    )
-    from fideval.model_source import locate
-    from fideval.progress import progress
-    from fideval.score.candidate import Candidate, describe
-    from fideval.score.resume import ShardCache, first_rows
-    from fideval.score.run import ScoreSettings, _inputs, _Run, pick
-    from fideval.store import StoreWriter
-    from fideval.store.background import BackgroundWriter
-
     why = refusal(cfg)
     if why:
         raise FidevalError(why, hint="set teacher.fused: false to run the teacher and each candidate separately")
     if int(os.environ.get("WORLD_SIZE", "1")) > 1:
         raise FidevalError("fideval fused runs on one GPU, not under torchrun", hint="set teacher.fused: false for model parallel")
-    out, records = Path(out), Path(records)
-    windows_dir, folder, kind = one_length(windows)
-    files = locate(cfg.model.path, cfg.model.revision)
-    model_dir = Path(files.folder)
-    model_sha, win_sha = tokenizer_shas(model_dir, windows_dir)
-    if model_sha and win_sha and model_sha != win_sha:
-        raise FidevalError(f"{windows_dir / 'eval-windows.json'} was tokenized with tokenizer {win_sha[:12]}…, "
-                           f"{model_dir / 'tokenizer.json'} is {model_sha[:12]}…", hint="rebuild the windows with this model's tokenizer")
-    pairs = fusable(cfg)
-    hooks = [describe(cfg, c, p, files) for c, p in pairs]  # specs compiled, classes checked: before the store exists
-    settings = settings or ScoreSettings.of(cfg.score, device=device)
-    dev, kernel = pick(settings.device, settings.kernel)
-    dtype = cfg.teacher.dtype
-    ckpt = open_weights(model_dir)
-    adapter = Adapter.load(ckpt)
-    vocab = adapter.vocab_size
-    block, meta = store_meta(model_dir, ckpt, implementation="transformers", arch=adapter.arch, dtype=dtype, dev=dev, world=1,
-                             release=adapter.release, vocab=vocab, model_id=cfg.model.id,
-                             model_revision=files.revision or cfg.model.revision, tokenizer_sha256=win_sha or model_sha)
-    writer = StoreWriter(out, meta)
-    seqs = read_checked(windows_dir, [folder], [domain], vocab)[0]
-    ids = list(seqs.ids)
-    done = {sid for sid in ids if writer.done(sid)}
-    live = _Live(seqs, vocab, meta, out)
-    starts = first_rows(live, ids, None)
-    recorded = recorded_settings(out)
-    asked = {k: parse(getattr(cfg.teacher, k), f"teacher.{k}", off=k != "micro_batch")
-             for k in ("micro_batch", "mlp_tokens", "chunk_bytes")}
-    st = sized_settings(dev, dtype, adapter.config, [seqs], len(ids), out, 1, None, asked, recorded, models=1 + len(pairs),
-                        stored_bytes=1 if adapter.release is not None else None)
-    block.update(st.recorded())
-    alone = None  # a separate pass's chunk, for the start line (a resumed store keeps what it recorded)
-    if st.plan and not recorded and asked["chunk_bytes"] == "auto":
-        alone = sized_settings(dev, dtype, adapter.config, [seqs], len(ids), out, 1, None, asked, None)
-    timeline = Timeline(dev)
-    head = adopt_head(cfg.teacher.lm_head, (recorded or {}).get("lm_head"), f"store {out}")
-    base = dict(device=dev, dtype=resolve_dtype(dtype), profile=True, **st.runner_options())
-    teacher = Runner(model_dir, RunnerOptions(head=head, **base), timeline=timeline)
-    block["lm_head"] = teacher.head_mode
-    cand_head = "auto" if teacher.head_mode == "bf16" else "float32"  # as fideval.score.candidate.teacher_settings
-    runners = [teacher] + [Runner(model_dir, RunnerOptions(head=cand_head, **h, **base), timeline=timeline) for h, _ in hooks]
-    named = [(*SELF, None, None)] if self_check else []  # the self-check, as `fideval score --self-check` runs it
-    named += [(c.name, p, {**info, "run_settings": {"dtype": dtype, **st.recorded(), "lm_head": r.head_mode}}, settings)
-              for (c, p), (_, info), r in zip(pairs, hooks, runners[1:])]
-    active: list[_Scoring] = []
-    for name, path, info, own in named:
-        own = own or ScoreSettings(device=settings.device, kernel=settings.kernel)  # the self-check: no config
-        cand = Candidate(name=name, path=path, shards=(), info=info, is_teacher=info is None)
-        where = records_dir(records, name, path, kind, domain)
-        s = _Scoring(cand, where, own, _Run(live, dev, kernel, own, live, timeline),
-                     ShardCache(where, _inputs(cand, kernel, dev, own)), starts)
-        for sid in done:  # a teacher shard on disk has its key: its records may be kept from a killed run
-            kept = s.cache.load(sid, s.cache.key(sid, writer.entry(sid)["sha256"], None, starts[sid]))
-            if kept is not None:
-                s.stats[sid] = kept
-        active.append(s)
-    # scorings[k]: what scores model k's rows (model 0, the teacher: the self-check, when asked)
-    scorings: list[_Scoring | None] = ([] if self_check else [None]) + active
-    write = {sid for sid in ids if sid not in done}
-    emit = {k for k, sid in enumerate(ids) if sid in write or any(sid not in s.stats for s in active)}
-    writer.meta["teacher"] = json.dumps(block, sort_keys=True)
-    bg = BackgroundWriter(writer, timeline=timeline)
-    lock = Lockstep(runners)
-    L = seqs.tokens.shape[1]
-    per_chunk = lock.chunk_sequences(L)
-    n_chunks = -(-len(ids) // per_chunk)
-    note = chunks_note(len(ids), per_chunk, sequences_per_chunk(alone.chunk_bytes, L * lock.hidden_size * lock.dtype.itemsize,
-                                                                 alone.micro_batch)) if alone else ""
-    print(f"fused {kind}/{domain}: {len(runners)} models, {len(emit)} of {len(ids)} sequences to compute in "
-          f"{n_chunks} chunk{'s' if n_chunks != 1 else ''} (each layer is read once a chunk); micro-batch "
-          f"{st.micro_batch}, mlp tokens {st.mlp_tokens or 'off'}{note}", file=sys.stderr, flush=True)
-    last, written = len(runners) - 1, 0
+    fp = _FusedPass(cfg, windows, domain, Path(out), Path(records), device, settings, self_check, peak_tflops)
+    stats = fp.compute()
+    return fp.finish(stats)
 
-    def teacher_sha(sid: str):
-        e = writer.entry(sid)
-        return e["sha256"] if e is not None else None
 
-    startup = time.perf_counter() - t_start
-    timeline.start()
-    try:
-        with progress(f"fused {kind}/{domain}", total=len(emit), unit="sequences") as bar:
-            first = (lambda: stored_digest(out, ids[0])) if ids else None
-            for k, row, logits in lock.run_models(seqs.tokens, emit=emit, canary_start=[first] + [None] * last):
-                sid = ids[row]
-                if k == 0:
-                    if sid in write:
-                        bg.write(sid, logits, seqs.tokens[row], seqs.window_of(sid), seqs.domains[row])
-                        written += 1
-                    live.rows[sid] = (logits, seqs.tokens[row])
-                s = scorings[k]
-                if s is not None and sid not in s.stats:
-                    s.score(sid, logits)
-                del logits
-                if k == last:
-                    live.rows.pop(sid, None)
-                    for s in active:
-                        s.keep(teacher_sha)
-                    bar.advance(1)
-        with timeline.part("store_write"):
-            bg.flush()
-        for s in active:
-            s.keep(teacher_sha)
-        stats = lock.finish_profile()
-    except FidevalError:
-        bg.close()
-        for s in active:  # a failed scorer keeps nothing (as fideval score does); the teacher's shards stay
-            s.cache.clear()
-        raise
-    except KeyboardInterrupt:
-        bg.close()  # the queued teacher shards are written: the records scored against them are kept
-        for s in active:
-            s.keep(teacher_sha)
-        raise Interrupted(f"fused pass interrupted: {len(done) + written} teacher shards and the records scored against "
-                          f"them are kept", hint="run the same command again to resume") from None
-    except BaseException:
-        bg.close()
-        raise
-    names = ["teacher"] + [f"{c.name}/{p}" for c, p in pairs]
-    canaries = [{"folder": folder.name, "model": n, **(c or {"identical": None})} for n, c in zip(names, lock.canaries)]
-    tokens = int(stats["tokens"]) * len(runners)
-    peak = peak_tflops if peak_tflops is not None else accounting.peak_tflops(accounting.device_name(dev), dtype)
-    prof = accounting.summary(time.perf_counter() - t_start, {"startup": startup, **stats.get("parts", {})},
-                              device=accounting.device_name(dev), tokens=tokens,
-                              model_flops=flops_per_token(adapter.config, seqs.tokens.shape[1])["total"] * tokens,
-                              peak=peak if dev.type == "cuda" else None, world=1,
-                              hidden={"load": accounting.hidden_share(stats["load_s"], stats["wait_s"]), "write": bg.hidden()})
-    teacher_canary = {k: v for k, v in canaries[0].items() if k != "model"}
-    bg.meta["canary"] = json.dumps(teacher_canary, sort_keys=True)  # as fideval teacher records it
-    bg.meta["profile"] = json.dumps(prof, sort_keys=True)
-    bg.meta["fused"] = json.dumps(names[1:])
-    bg.finish()
-    scored = _conclude(active, ids, out, dev, kernel, prof)
-    bad = [c for c in canaries if c.get("identical") is False]
-    if bad:
-        raise FidevalError(f"canary of {bad[0]['model']} ({bad[0].get('seq_id')}) changed between the start and the end of the "
-                           f"pass", hint="the run is not bit-reproducible on this device; the store and records were written")
-    return {"written": written, "skipped": len(done), "canaries": canaries, "settings": st.recorded(), "profile": prof,
-            "scored": scored, "stats": dict(stats)}
+class _FusedPass:
+    """The fused pass's state: the teacher pass (fideval.model.teacher_pass), its models, the candidates' scorings."""
+
+    def __init__(self, cfg: Config, windows: str | Path, domain: str, out: Path, records: Path, device: str,
+                 settings: ScoreSettings | None, self_check: bool, peak_tflops: float | None):
+        from fideval.model.lockstep import Lockstep
+        from fideval.model.sizing import parse
+        from fideval.model.teacher_pass import TeacherPass
+        from fideval.model_source import locate
+        from fideval.score.candidate import describe
+        from fideval.score.kernels import pick
+        from fideval.score.resume import first_rows
+        from fideval.score.run import ScoreSettings
+
+        windows_dir, folder, self.kind = one_length(windows)
+        self.domain, self.folder, self.cfg = domain, folder, cfg
+        files = locate(cfg.model.path, cfg.model.revision)
+        self.pairs = fusable(cfg)
+        hooks = [describe(cfg, c, p, files) for c, p in self.pairs]  # specs compiled, classes checked: before the store exists
+        self.settings = settings or ScoreSettings.of(cfg.score, device=device)
+        self.dev, self.kernel = pick(self.settings.device, self.settings.kernel)
+        asked = {k: parse(getattr(cfg.teacher, k), f"teacher.{k}", off=k != "micro_batch")
+                 for k in ("micro_batch", "mlp_tokens", "chunk_bytes")}
+        self.tp = tp = TeacherPass(files.folder, windows_dir, [folder], out, asked=asked, device=self.dev,
+                                   dtype=cfg.teacher.dtype, domains=[domain], model_id=cfg.model.id,
+                                   model_revision=files.revision or cfg.model.revision, lm_head=cfg.teacher.lm_head,
+                                   models=1 + len(self.pairs), peak_tflops=peak_tflops)
+        self.seqs = tp.seqs[0]
+        # a separate pass's chunk, for the start line (sized before any model takes memory; a resumed store keeps
+        # what it recorded)
+        alone = tp.separate_settings() if tp.settings.plan and not tp.resumed and asked["chunk_bytes"] == "auto" else None
+        self.ids = list(self.seqs.ids)
+        self.live = LiveTeacher(self.seqs, tp.vocab, tp.meta, out)
+        self.starts = first_rows(self.live, self.ids, None)
+        teacher = tp.runner()
+        cand_head = "auto" if teacher.head_mode == "bf16" else "float32"  # as fideval.score.candidate.teacher_settings
+        self.runners = [teacher] + [_runner(tp, cand_head, h) for h, _ in hooks]
+        infos = [{**info, "run_settings": {"dtype": tp.dtype, **tp.settings.recorded(), "lm_head": r.head_mode}}
+                 for (_, info), r in zip(hooks, self.runners[1:])]
+        self.active = self._scorings(records, infos, self_check)
+        # scorings[k]: what scores model k's rows (model 0, the teacher: the self-check, when asked)
+        self.scorings: list[_Scoring | None] = ([] if self_check else [None]) + self.active
+        self.write = {sid for sid in self.ids if sid not in tp.done}
+        self.emit = {k for k, sid in enumerate(self.ids) if sid in self.write or any(sid not in s.stats for s in self.active)}
+        self.lock = Lockstep(self.runners)
+        self._start_line(alone)
+        tp.start(teacher)
+
+    def _scorings(self, records: Path, infos: list[dict[str, Any]], self_check: bool) -> list[_Scoring]:
+        """Each candidate's (and the self-check's) scoring, with the records a killed pass kept against a teacher
+        shard that is on disk."""
+        from fideval.score.candidate import Candidate
+        from fideval.score.resume import ShardCache
+        from fideval.score.run import Scorer, ScoreSettings, shard_inputs
+
+        named = [(*SELF, None, None)] if self_check else []  # the self-check, as `fideval score --self-check` runs it
+        named += [(c.name, p, info, self.settings) for (c, p), info in zip(self.pairs, infos)]
+        out = []
+        for name, path, info, own in named:
+            own = own or ScoreSettings(device=self.settings.device, kernel=self.settings.kernel)  # the self-check: no config
+            cand = Candidate(name=name, path=path, shards=(), info=info, is_teacher=info is None)
+            where = records_dir(records, name, path, self.kind, self.domain)
+            s = _Scoring(cand, where, own, Scorer(self.live, self.dev, self.kernel, own, self.live, self.tp.timeline),
+                         ShardCache(where, shard_inputs(cand, self.kernel, self.dev, own)), self.starts)
+            for sid in self.tp.done:  # a teacher shard on disk has its key: its records may be kept from a killed run
+                kept = s.cache.load(sid, s.cache.key(sid, self.tp.sha256(sid), None, self.starts[sid]))
+                if kept is not None:
+                    s.stats[sid] = kept
+            out.append(s)
+        return out
+
+    def _start_line(self, alone: Settings | None) -> None:
+        from fideval.model.layer_major import sequences_per_chunk
+
+        lock, st, L = self.lock, self.tp.settings, self.seqs.tokens.shape[1]
+        per_chunk = lock.chunk_sequences(L)
+        n_chunks = -(-len(self.ids) // per_chunk)
+        note = chunks_note(len(self.ids), per_chunk, sequences_per_chunk(
+            alone.chunk_bytes, L * lock.hidden_size * lock.dtype.itemsize, alone.micro_batch)) if alone else ""
+        print(f"fused {self.kind}/{self.domain}: {len(self.runners)} models, {len(self.emit)} of {len(self.ids)} sequences to "
+              f"compute in {n_chunks} chunk{'s' if n_chunks != 1 else ''} (each layer is read once a chunk); micro-batch "
+              f"{st.micro_batch}, mlp tokens {st.mlp_tokens or 'off'}{note}", file=sys.stderr, flush=True)
+
+    def compute(self) -> dict[str, Any]:
+        """Every model through each chunk: the teacher's shards written, each candidate's rows scored against the
+        teacher's while both are on the device. Returns the lockstep's stats."""
+        from fideval.progress import progress
+
+        tp, ids, seqs, live = self.tp, self.ids, self.seqs, self.live
+        last = len(self.runners) - 1
+        try:
+            with progress(f"fused {self.kind}/{self.domain}", total=len(self.emit), unit="sequences") as bar:
+                first = (lambda: tp.stored_digest(ids[0])) if ids else None
+                for k, row, logits in self.lock.run_models(seqs.tokens, emit=self.emit, canary_start=[first] + [None] * last):
+                    sid = ids[row]
+                    if k == 0:
+                        if sid in self.write:
+                            tp.write(seqs, row, logits)
+                        live.rows[sid] = (logits, seqs.tokens[row])
+                    s = self.scorings[k]
+                    if s is not None and sid not in s.stats:
+                        s.score(sid, logits)
+                    del logits
+                    if k == last:
+                        live.rows.pop(sid, None)
+                        for s in self.active:
+                            s.keep(tp.sha256)
+                        bar.advance(1)
+            tp.flush()
+            for s in self.active:
+                s.keep(tp.sha256)
+            return self.lock.finish_profile()
+        except FidevalError:
+            tp.close()
+            for s in self.active:  # a failed scorer keeps nothing (as fideval score does); the teacher's shards stay
+                s.cache.clear()
+            raise
+        except KeyboardInterrupt:
+            tp.close()  # the queued teacher shards are written: the records scored against them are kept
+            for s in self.active:
+                s.keep(tp.sha256)
+            raise Interrupted(f"fused pass interrupted: {len(tp.done) + tp.written} teacher shards and the records scored "
+                              f"against them are kept", hint="run the same command again to resume") from None
+        except BaseException:
+            tp.close()
+            raise
+
+    def finish(self, stats: dict[str, Any]) -> dict[str, Any]:
+        """The store's manifest (the teacher's canary, the pass's profile, the candidates it ran), every records
+        folder's records.parquet and score.json; one line if any model's canary changed."""
+        from fideval.model.flops import flops_per_token
+
+        tp = self.tp
+        names = ["teacher"] + [f"{c.name}/{p}" for c, p in self.pairs]
+        canaries = [{"folder": self.folder.name, "model": n, **(c or {"identical": None})}
+                    for n, c in zip(names, self.lock.canaries)]
+        tokens = int(stats["tokens"]) * len(self.runners)
+        teacher_canary = {k: v for k, v in canaries[0].items() if k != "model"}  # as fideval teacher records it
+        prof = tp.finish(stats, tokens=tokens, model_flops=flops_per_token(tp.config, self.seqs.tokens.shape[1])["total"] * tokens,
+                         canary=teacher_canary, extra_meta={"fused": json.dumps(names[1:])})
+        scored = _conclude(self.active, self.ids, tp.out, self.dev, self.kernel, prof)
+        tp.check_canaries(canaries, "the store and records were")
+        return {"written": tp.written, "skipped": len(tp.done), "canaries": canaries, "settings": tp.settings.recorded(),
+                "profile": prof, "scored": scored, "stats": dict(stats)}
+
+
+def _runner(tp: TeacherPass, head: str, hooks: dict[str, Any]) -> Runner:
+    """A candidate's runner: the teacher pass's options with the candidate's hooks and head, on the pass's timeline."""
+    from fideval.model.runner import Runner
+
+    return Runner(tp.model_dir, tp.options(head=head, **hooks), timeline=tp.timeline)
 
 
 def records_dir(records: Path, name: str, path: str, kind: str, domain: str) -> Path:
@@ -316,19 +326,19 @@ def records_dir(records: Path, name: str, path: str, kind: str, domain: str) -> 
     return Path(records) / folder / path / kind / domain
 
 
-def _conclude(scorings: list[_Scoring], ids: list[str], out: Path, dev: Any, kernel: str,
+def _conclude(scorings: list[_Scoring], ids: list[str], out: Path, dev: torch.device, kernel: str,
               prof: dict[str, Any]) -> dict[str, dict[str, Any]]:
     """Each records folder's records.parquet and score.json, against the finished store."""
     from fideval.fsio import write_json
-    from fideval.score.run import _self_result, conclude, summarize
+    from fideval.score.run import summarize
     from fideval.store import StoreReader
 
     reader = StoreReader(out)
     done: dict[str, dict[str, Any]] = {}
     for s in scorings:
-        conclude(s.run, s.stats, ids, s.cache, s.out_dir)
-        checked_self = _self_result(s.run, kernel) if s.candidate.is_teacher else None
-        summary = summarize(s.run, s.candidate, reader, None, s.settings, dev, kernel, None, checked_self, prof)
+        s.scorer.conclude(s.stats, ids, s.cache, s.out_dir)
+        checked_self = s.scorer.self_result() if s.candidate.is_teacher else None
+        summary = summarize(s.scorer, s.candidate, reader, None, s.settings, dev, kernel, None, checked_self, prof)
         write_json(s.out_dir / "score.json", summary)
         s.cache.clear()
         done[str(s.out_dir)] = summary

@@ -26,10 +26,14 @@ from __future__ import annotations
 import json
 import shutil
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from fideval.fsio import atomic_path, sha256_file, write_json
 from fideval.provenance import canonical_hash
+
+if TYPE_CHECKING:
+    from fideval.store.rows import TeacherRows
+
 
 PARTIAL = "records.partial"
 SIDECAR_VERSION = 1
@@ -103,7 +107,7 @@ class ShardCache:
 STAT_KEYS = ("rows", "checked", "nonfinite", "top1")
 
 
-def first_rows(teacher: Any, seq_ids: list[str], extent: Any) -> dict[str, int]:
+def first_rows(teacher: TeacherRows, seq_ids: list[str], extent: Any) -> dict[str, int]:
     """The run-wide index of each shard's first scored row, from the manifests alone: the CPU check samples
     rows by that index, so a resumed shard must start where it started in an uninterrupted run. A shard
     scores rows [max(teacher start, candidate start), min(teacher end, candidate end, length - 1))."""

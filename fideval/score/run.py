@@ -23,7 +23,7 @@ import time
 from contextlib import nullcontext
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import torch
@@ -34,16 +34,22 @@ from fideval.formats.model import dump
 from fideval.formats.records import FILE as RECORDS_FILE
 from fideval.formats.score import CpuCheck, RunProfile, ScoreSummary, SelfCheck, TeacherRef
 from fideval.fsio import sha256_file, write_json
-from fideval.model import accounting
-from fideval.model.profile import Timeline
 from fideval.progress import progress
-from fideval.score import reference, resume, torch_kernel
+from fideval.score import reference, resume
 from fideval.score.candidate import Candidate, CandidateShard, teacher_shards
+from fideval.score.kernels import pick, score_tensors
 from fideval.score.lossy import RULE_ENCODE, llamacpp_roundtrip, lossy_rule
 from fideval.score.metrics import FIGURES, max_rel_diff
 from fideval.score.records import shard_table
 from fideval.score.resume import ShardCache
 from fideval.store.feed import TeacherFeed, mapped_tensor
+from fideval.store.rows import RowFeed, TeacherRows
+
+if TYPE_CHECKING:
+    from fideval.config import ScoreConfig
+    from fideval.store.reader import StoreReader
+from fideval.timing import accounting
+from fideval.timing.timeline import Timeline
 
 
 @dataclass(frozen=True)
@@ -64,39 +70,11 @@ class ScoreSettings:
             raise FidevalError(f"cpu_check_every {self.cpu_check_every}: must be >= 1")
 
     @classmethod
-    def of(cls, score_cfg: Any = None, **given: Any) -> "ScoreSettings":
+    def of(cls, score_cfg: ScoreConfig | None = None, **given: Any) -> "ScoreSettings":
         """The options given (None: not given), else the config's ``score:`` section, else the defaults."""
         keys = ("cpu_check_every", "cpu_check_tolerance", "on_nonfinite")
         base = {k: getattr(score_cfg, k) for k in keys} if score_cfg is not None else {}
         return cls(**{**base, **{k: v for k, v in given.items() if v is not None}})
-
-
-def pick(device: str = "auto", kernel: str = "auto") -> tuple[torch.device, str]:
-    """Resolve ``device`` ("auto"/"cpu"/"cuda[:n]", by the one resolver) and ``kernel`` ("auto"/"triton"/"torch")."""
-    from fideval.model.device import resolve_device
-    from fideval.score import triton_kernel
-
-    dev = resolve_device(device)
-    if kernel == "auto":
-        kernel = "triton" if dev.type == "cuda" and triton_kernel.available() else "torch"
-    if kernel == "triton" and not (dev.type == "cuda" and triton_kernel.available()):
-        raise FidevalError("kernel 'triton' needs a CUDA device and the triton package", hint="use --kernel torch")
-    return dev, kernel
-
-
-def score_tensors(ref: torch.Tensor, cand: torch.Tensor, targets: torch.Tensor, kernel: str
-                  ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """Figures float64 [n, 7], flags bool [n, 4], non-finite mask [n] as numpy, with the chosen kernel.
-    The torch kernel's float64 temporaries stay within half the input's size (and 256 MiB), so scoring on
-    the CPU never holds more than the two shards and that much."""
-    if kernel == "triton":
-        from fideval.score import triton_kernel
-
-        figs, flags, bad = triton_kernel.score_rows(ref, cand, targets)
-    else:
-        budget = min(1 << 28, max(ref.numel() * ref.element_size() // 2, 1 << 20))
-        figs, flags, bad = torch_kernel.score_rows(ref, cand, targets, budget_bytes=budget)
-    return figs.cpu().numpy(), flags.cpu().numpy(), bad.cpu().numpy()
 
 
 def _check_rows(every: int, start: int, n: int) -> np.ndarray:
@@ -108,9 +86,17 @@ def _check_rows(every: int, start: int, n: int) -> np.ndarray:
     return np.unique(np.concatenate([pick_, [0, n - 1]])).astype(np.int64)
 
 
-class _Run:
-    def __init__(self, teacher: Any, dev: torch.device, kernel: str, settings: ScoreSettings, feed: TeacherFeed | None = None,
-                 timeline: Timeline | None = None):
+class Scorer:
+    """One scoring run: candidate shards scored against the teacher's rows, and the run's running figures (rows,
+    top-1 count, largest |KLD|, the CPU check's worst difference) that score.json reports.
+
+    ``teacher``: where the rows come from (a store on disk, or the fused pass's rows still on the device:
+    :class:`~fideval.store.rows.TeacherRows`); ``feed``: rows already on the scoring device, asked first
+    (:class:`~fideval.store.rows.RowFeed`: a :class:`~fideval.store.feed.TeacherFeed` or the fused pass's live
+    rows). ``fideval score`` and ``fideval fused`` both score through this class."""
+
+    def __init__(self, teacher: TeacherRows, dev: torch.device, kernel: str, settings: ScoreSettings,
+                 feed: RowFeed | None = None, timeline: Timeline | None = None):
         self.teacher, self.dev, self.kernel, self.feed = teacher, dev, kernel, feed
         self.tl = timeline if timeline is not None else Timeline(dev, on=False)
         self.every, self.tolerance = settings.cpu_check_every, settings.cpu_check_tolerance
@@ -205,6 +191,43 @@ class _Run:
                                f"in shard {sid}", hint=f"the {self.kernel} kernel is wrong on this device; rerun with --kernel torch")
 
 
+    def scored(self, item: CandidateShard, start: int | None = None) -> tuple[dict[str, Any] | None, dict[str, Any]]:
+        """Score one shard; its records and its own share of score.json's figures (fideval.score.resume.fold).
+        ``start``: the shard's first global row, where the CPU check's sampling resumes (each shard samples the
+        rows an uninterrupted run would)."""
+        if start is not None:
+            self.seen = start
+        before = {k: getattr(self, k) for k in resume.STAT_KEYS}
+        seen = self.seen
+        self.worst, self.worst_at, self.max_kld = 0.0, "", 0.0
+        out = self.shard(item)
+        st = {k: int(getattr(self, k) - before[k]) for k in resume.STAT_KEYS}
+        st.update(positions=self.seen - seen, max_kld=self.max_kld, worst=self.worst, worst_at=self.worst_at,
+                  length=out["length"] if out is not None else None)
+        return out, st
+
+    def conclude(self, stats: dict[str, dict[str, Any]], ids: list[str], cache: ShardCache, out_dir: Path) -> None:
+        """Every shard scored (or one line): their stats folded into the run, records.parquet assembled in ``ids``
+        order."""
+        missing = [sid for sid in ids if sid not in stats]
+        if missing:
+            raise FidevalError(f"the candidate gave no logits for {len(missing)} teacher sequences (first {missing[0]!r})",
+                               hint="score a candidate made from the same windows")
+        folded = resume.fold([stats[sid] for sid in ids])
+        self.rows, self.checked, self.nonfinite, self.top1 = (folded[k] for k in resume.STAT_KEYS)
+        self.max_kld, self.worst, self.worst_at, self.lengths = (folded[k] for k in ("max_kld", "worst", "worst_at", "lengths"))
+        with self.tl.part("records"):
+            cache.assemble(out_dir, ids, {sid for sid in ids if int(stats[sid]["rows"]) > 0})
+
+    def self_result(self) -> dict[str, Any]:
+        """The self-check's verdict (the teacher scored against itself): exactly 0 and top-1 everywhere, or one line."""
+        result = {"max_kld": self.max_kld, "top1": self.top1 / self.rows if self.rows else 1.0, "rows": self.rows}
+        if self.max_kld != 0.0 or self.top1 != self.rows:
+            raise FidevalError(f"self-check failed: the teacher scored against itself gives max |KLD| {self.max_kld:.3g} and "
+                               f"top-1 {result['top1']:.6f} (expected exactly 0 and 1)",
+                               hint=f"the {self.kernel} kernel is broken on this device")
+        return result
+
 def _parts_of(items: Any, tl: Timeline, part: str | None) -> Any:
     """``items``, each ``next()`` timed as ``part`` of ``tl`` (None: left to the producer's own parts)."""
     it = iter(items)
@@ -220,7 +243,7 @@ class KernelMismatch(FidevalError):
     """The fast kernel disagrees with the float64 reference: the run fails and keeps nothing it scored."""
 
 
-def _inputs(candidate: Candidate, kernel: str, dev: torch.device, settings: ScoreSettings) -> dict[str, Any]:
+def shard_inputs(candidate: Candidate, kernel: str, dev: torch.device, settings: ScoreSettings) -> dict[str, Any]:
     """What every shard's rows depend on besides the shard itself (fideval.score.resume's key)."""
     from fideval.formats.records import VERSION as RECORDS_VERSION
     from fideval.provenance import tool_block
@@ -232,19 +255,7 @@ def _inputs(candidate: Candidate, kernel: str, dev: torch.device, settings: Scor
             "records_version": RECORDS_VERSION, "fideval": [tool["version"], tool["git_commit"]]}
 
 
-def _scored(run: _Run, item: CandidateShard) -> tuple[dict[str, Any] | None, dict[str, Any]]:
-    """Score one shard; its records and its own share of score.json's figures (fideval.score.resume.fold)."""
-    before = {k: getattr(run, k) for k in resume.STAT_KEYS}
-    seen = run.seen
-    run.worst, run.worst_at, run.max_kld = 0.0, "", 0.0
-    out = run.shard(item)
-    st = {k: int(getattr(run, k) - before[k]) for k in resume.STAT_KEYS}
-    st.update(positions=run.seen - seen, max_kld=run.max_kld, worst=run.worst, worst_at=run.worst_at,
-              length=out["length"] if out is not None else None)
-    return out, st
-
-
-def _teacher_block(teacher: Any, store: str | None) -> TeacherRef:
+def _teacher_block(teacher: TeacherRows, store: str | None) -> TeacherRef:
     man = Path(teacher.root) / "manifest.json"
     return TeacherRef(store=str(store if store is not None else teacher.root), model_id=teacher.meta.get("model_id"),
                       lossy=teacher.meta.get("lossy") or None,
@@ -252,36 +263,23 @@ def _teacher_block(teacher: Any, store: str | None) -> TeacherRef:
                       manifest_sha256=sha256_file(man) if man.exists() else None, kind=teacher.meta.get("kind"))
 
 
-def self_check(teacher: Any, *, device: str = "auto", kernel: str = "auto") -> dict[str, Any]:
+def self_check(teacher: TeacherRows, *, device: str = "auto", kernel: str = "auto") -> dict[str, Any]:
     """Score the teacher against itself: every row must give KLD exactly 0 and top-1 agreement.
 
     A scorer that returns 1e-17 here has a bug (identical inputs take identical float64 paths); the check
     is exact on purpose. Raises :class:`FidevalError` otherwise; returns ``{max_kld, top1, rows}``.
     """
     dev, kernel = pick(device, kernel)
-    run = _Run(teacher, dev, kernel, ScoreSettings(cpu_check_every=10**12, cpu_check_tolerance=float("inf")))
+    run = Scorer(teacher, dev, kernel, ScoreSettings(cpu_check_every=10**12, cpu_check_tolerance=float("inf")))
     ids = teacher.seq_ids
     with progress("self-check", total=sum(teacher.entry(s)["rows"] for s in ids), unit="rows") as bar:
         for item in teacher_shards(teacher, ids):
             out = run.shard(item)
             bar.advance(len(out["positions"]) if out else 0)
-    return _self_result(run, kernel)
+    return run.self_result()
 
 
-def conclude(run: _Run, stats: dict[str, dict[str, Any]], ids: list[str], cache: ShardCache, out_dir: Path) -> None:
-    """Every shard scored (or one line): their stats folded into ``run``, records.parquet assembled in ``ids`` order."""
-    missing = [sid for sid in ids if sid not in stats]
-    if missing:
-        raise FidevalError(f"the candidate gave no logits for {len(missing)} teacher sequences (first {missing[0]!r})",
-                           hint="score a candidate made from the same windows")
-    folded = resume.fold([stats[sid] for sid in ids])
-    run.rows, run.checked, run.nonfinite, run.top1 = (folded[k] for k in resume.STAT_KEYS)
-    run.max_kld, run.worst, run.worst_at, run.lengths = (folded[k] for k in ("max_kld", "worst", "worst_at", "lengths"))
-    with run.tl.part("records"):
-        cache.assemble(out_dir, ids, {sid for sid in ids if int(stats[sid]["rows"]) > 0})
-
-
-def summarize(run: _Run, candidate: Candidate, teacher: Any, teacher_spec: str | None, settings: ScoreSettings,
+def summarize(run: Scorer, candidate: Candidate, teacher: TeacherRows, teacher_spec: str | None, settings: ScoreSettings,
               dev: torch.device, kernel: str, rule: str | None, checked_self: dict[str, Any] | None,
               profile: dict[str, Any]) -> dict[str, Any]:
     """score.json's content (fideval.formats.score) for a finished run."""
@@ -302,15 +300,7 @@ def summarize(run: _Run, candidate: Candidate, teacher: Any, teacher_spec: str |
         profile=RunProfile(**profile)))
 
 
-def _self_result(run: _Run, kernel: str) -> dict[str, Any]:
-    result = {"max_kld": run.max_kld, "top1": run.top1 / run.rows if run.rows else 1.0, "rows": run.rows}
-    if run.max_kld != 0.0 or run.top1 != run.rows:
-        raise FidevalError(f"self-check failed: the teacher scored against itself gives max |KLD| {run.max_kld:.3g} and top-1 "
-                           f"{result['top1']:.6f} (expected exactly 0 and 1)", hint=f"the {kernel} kernel is broken on this device")
-    return result
-
-
-def score_candidate(teacher: Any, candidate: Candidate, out_dir: str | Path, settings: ScoreSettings = ScoreSettings(), *,
+def score_candidate(teacher: StoreReader, candidate: Candidate, out_dir: str | Path, settings: ScoreSettings = ScoreSettings(), *,
                     self_check_first: bool = False, teacher_spec: str | None = None, total_rows: int | None = None
                     ) -> dict[str, Any]:
     """Score every shard of ``candidate`` against ``teacher`` (a StoreReader); write the records.
@@ -333,7 +323,7 @@ def score_candidate(teacher: Any, candidate: Candidate, out_dir: str | Path, set
             checked_self = self_check(teacher, device=str(dev), kernel=kernel)
     out_dir = Path(out_dir)
     ids = list(teacher.seq_ids)
-    cache = ShardCache(out_dir, _inputs(candidate, kernel, dev, settings))
+    cache = ShardCache(out_dir, shard_inputs(candidate, kernel, dev, settings))
     starts = resume.first_rows(teacher, ids, candidate.extent)
     keys = {sid: cache.key(sid, teacher.entry(sid).get("sha256"),
                            candidate.shard_sha256(sid) if candidate.shard_sha256 is not None else None, starts[sid])
@@ -357,7 +347,7 @@ def score_candidate(teacher: Any, candidate: Candidate, out_dir: str | Path, set
         return {}
     order = candidate.order  # a store's: the same list as ``pending``, so without the shards already scored
     feed = TeacherFeed(teacher, list(order), dev) if order and dev.type == "cuda" else None
-    run = _Run(teacher, dev, kernel, settings, feed, tl)
+    run = Scorer(teacher, dev, kernel, settings, feed, tl)
     rule = lossy_rule(teacher.meta, candidate.lossy) if not candidate.is_teacher else None
     if rule == RULE_ENCODE:
         run.transform = llamacpp_roundtrip
@@ -373,16 +363,15 @@ def score_candidate(teacher: Any, candidate: Candidate, out_dir: str | Path, set
                 if item.seq_id in stats:  # never produced by the shards above; a guard, not the mechanism
                     continue
                 tokens += item.logits.shape[0] if model_run else 0
-                run.seen = starts[item.seq_id]
-                out, st = _scored(run, item)
+                out, st = run.scored(item, starts[item.seq_id])
                 with tl.part("records"):
                     table = shard_table(candidate=candidate.name, path=candidate.path, **out) if out and st["rows"] else None
                     cache.save(item.seq_id, keys[item.seq_id], table, st)
                 stats[item.seq_id] = st
                 bar.advance(st["positions"])
-            conclude(run, stats, ids, cache, out_dir)
+            run.conclude(stats, ids, cache, out_dir)
             if candidate.is_teacher:
-                checked_self = _self_result(run, kernel)
+                checked_self = run.self_result()
     except FidevalError:
         # a failed run keeps nothing (a wrong kernel, bad logits: its inputs must change before a rerun, and
         # so would every key); an interrupted or killed one keeps what it scored

@@ -31,7 +31,7 @@ class BackgroundWriter:
     """``w = BackgroundWriter(StoreWriter(root, meta))``; ``w.write(...)`` per sequence; ``w.finish()``."""
 
     def __init__(self, writer: StoreWriter, *, depth: int = 2, timeline: Any = None):
-        from fideval.model.profile import Timeline
+        from fideval.timing.timeline import Timeline
 
         self.writer = writer
         self.timeline = timeline if timeline is not None else Timeline(on=False)
@@ -106,7 +106,7 @@ class BackgroundWriter:
 
     def hidden(self) -> float:
         """The share of the writer's work the caller did not wait for (1 - waited / worked)."""
-        from fideval.model.accounting import hidden_share
+        from fideval.timing.accounting import hidden_share
 
         return hidden_share(self.stats["write_s"] + self.stats["copy_wait_s"], self.stats["waited_s"])
 

@@ -4,10 +4,13 @@ in the order a candidate will ask for its shards."""
 from __future__ import annotations
 
 import warnings
-from typing import Any
+from typing import TYPE_CHECKING
 
 import numpy as np
 import torch
+
+if TYPE_CHECKING:
+    from fideval.store.reader import StoreReader
 
 
 def mapped_tensor(array: np.ndarray) -> torch.Tensor:
@@ -18,12 +21,13 @@ def mapped_tensor(array: np.ndarray) -> torch.Tensor:
 
 
 class TeacherFeed:
-    """The teacher's shards in the order the candidate will ask for them, streamed by ``StoreReader.iter``
-    onto the GPU: the next shard is read from disk (into one page-locked host buffer, SHA-256 on the way)
-    while this one is scored, and the scored shard holds no host memory. A shard asked for out of that order
-    ends the stream (it would read shards nobody asks for); it and every later one are read directly."""
+    """A :class:`~fideval.store.rows.RowFeed`: the teacher's shards in the order the candidate will ask for them,
+    streamed by ``StoreReader.iter`` onto the GPU: the next shard is read from disk (into one page-locked host
+    buffer, SHA-256 on the way) while this one is scored, and the scored shard holds no host memory. A shard asked
+    for out of that order ends the stream (it would read shards nobody asks for); it and every later one are read
+    directly."""
 
-    def __init__(self, teacher: Any, order: list[str], dev: torch.device):
+    def __init__(self, teacher: StoreReader, order: list[str], dev: torch.device):
         self._it = teacher.iter(order, device=dev, prefetch=1)
 
     def get(self, seq_id: str) -> tuple[torch.Tensor, np.ndarray] | None:

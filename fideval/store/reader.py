@@ -59,6 +59,10 @@ def _hash_spans(h: Any, mv: memoryview, spans: queue.SimpleQueue) -> None:
 
 
 class StoreReader:
+    """A finished store on disk (a folder, or ``hf://datasets/ORG/NAME@REV/sub``): the
+    :class:`~fideval.store.rows.TeacherRows` every scorer reads, with its manifest checked on open and each shard's
+    SHA-256 on first touch."""
+
     def __init__(self, root: str | Path):
         if isinstance(root, str) and root.startswith("hf://"):
             from fideval.store.hub import resolve_store

@@ -20,40 +20,17 @@ Each problem names the config key at fault; the command prints one line per prob
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING
 
-from fideval.errors import FidevalError
+from fideval.validate.findings import Findings, Problem
 
+if TYPE_CHECKING:
+    from fideval.config import Config
 
-@dataclass(frozen=True)
-class Problem:
-    key: str | None  # dotted config key, e.g. "candidates.mxfp4.quant.routed_experts.format"
-    message: str
-    hint: str | None = None
-
-    def line(self) -> str:
-        text = f"'{self.key}': {self.message}" if self.key else self.message
-        return f"{text} ({self.hint})" if self.hint else text
+__all__ = ["Findings", "Problem", "check_config"]
 
 
-@dataclass
-class Findings:
-    """What validate found: problems (each a refusal), notes (what could not be checked yet, and why) and
-    facts worth printing (the teacher stores' size)."""
-
-    problems: list[Problem] = field(default_factory=list)
-    notes: list[str] = field(default_factory=list)
-    facts: list[str] = field(default_factory=list)
-
-    def add(self, key: str | None, err: FidevalError | str, hint: str | None = None) -> None:
-        if isinstance(err, FidevalError):
-            self.problems.append(Problem(key, err.message, err.hint))
-        else:
-            self.problems.append(Problem(key, err, hint))
-
-
-def check_config(cfg: Any) -> Findings:
+def check_config(cfg: Config) -> Findings:
     """Every check past the schema, in the order the stages would meet the problems."""
     from fideval.config import check_files
     from fideval.validate import candidates, model, reference, sizes, tokenizer

@@ -12,14 +12,18 @@
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from fideval.errors import FidevalError
-from fideval.validate import Findings
+from fideval.validate.findings import Findings
 from fideval.validate.model import Probe
 
+if TYPE_CHECKING:
+    from fideval.config import Config
 
-def check(cfg: Any, probe: Probe, found: Findings) -> None:
+
+
+def check(cfg: Config, probe: Probe, found: Findings) -> None:
     for cand in cfg.candidates:
         if cand.quant is not None and cand.quant.gguf_mix is not None:
             _mix(cand, cand.quant.gguf_mix, probe, found, cfg.teacher.model_parallel)
@@ -144,7 +148,7 @@ def _mix(cand: Any, mix: str, probe: Probe, found: Findings, model_parallel: int
 
 def _real(cand: Any, probe: Probe, found: Findings) -> None:
     from fideval.config import is_hub, resolve_path
-    from fideval.model.quantized import open_real
+    from fideval.model.weights.quantized import open_real
     from fideval.model_source import cached
     from fideval.score.candidate import serving_hooks
 

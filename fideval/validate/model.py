@@ -8,10 +8,14 @@ from __future__ import annotations
 import json
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from fideval.errors import FidevalError
-from fideval.validate import Findings
+from fideval.validate.findings import Findings
+
+if TYPE_CHECKING:
+    from fideval.config import Config
+
 
 
 @dataclass
@@ -34,7 +38,7 @@ class Probe:
         return int(v) if isinstance(v, int) and v > 0 else None
 
 
-def model_folder(cfg: Any, found: Findings) -> Path | None:
+def model_folder(cfg: Config, found: Findings) -> Path | None:
     """The local folder holding the reference's config.json: ``model.path``, or for ``hf://ORG/NAME`` its
     snapshot in the local Hub cache (a note, not a problem, when it is not there: the stage fetches it)."""
     from fideval.config import is_hub, resolve_path
@@ -62,7 +66,7 @@ def _read_config(p: Path) -> dict:
     return data
 
 
-def probe(cfg: Any, found: Findings) -> Probe:
+def probe(cfg: Config, found: Findings) -> Probe:
     """The runner's adapter and meta layers for the config's model; a refusal is a problem on 'model.path'."""
     from fideval.model.adapters import Adapter
 
@@ -99,7 +103,7 @@ def _meta_layers(p: Probe) -> None:
     :meth:`Adapter.transform` does), from meta layers built as the runner builds them."""
     import torch
 
-    from fideval.model.module_classes import quantized_class
+    from fideval.quant.module_classes import quantized_class
 
     a = p.adapter
     for i in range(a.n_layers):
@@ -121,7 +125,7 @@ def _meta_layers(p: Probe) -> None:
 
 def _weights_here(folder: Path) -> bool:
     """True when every safetensors file of the checkpoint is in ``folder`` (a Hub snapshot may be partial)."""
-    from fideval.model.checkpoint import INDEX, SINGLE
+    from fideval.model.weights.checkpoint import INDEX, SINGLE
 
     index = folder / INDEX
     if index.is_file():
@@ -137,7 +141,7 @@ def _classes(p: Probe) -> set[str]:
     """The module classes a spec may name. With the weights at hand, the candidate stage's own rule on the
     safetensors headers (:func:`fideval.quant.inspect.classes_present`); from config.json alone, the classes of
     the meta layers' tensors (and the lm head unless it is tied to the embedding, as on disk)."""
-    from fideval.model.module_classes import module_class_of
+    from fideval.quant.module_classes import module_class_of
 
     if _weights_here(p.folder):
         from fideval.quant.inspect import class_shapes, classes_present
@@ -153,7 +157,7 @@ def _classes(p: Probe) -> set[str]:
     return out
 
 
-def check_parallel(cfg: Any, p: Probe, found: Findings) -> None:
+def check_parallel(cfg: Config, p: Probe, found: Findings) -> None:
     """teacher.model_parallel N must split every MoE layer's routed experts evenly (the runner's
     :func:`~fideval.model.adapters.expert_range`); the lm head's vocabulary split takes any N."""
     from fideval.model.adapters import expert_range
@@ -167,11 +171,11 @@ def check_parallel(cfg: Any, p: Probe, found: Findings) -> None:
             return
 
 
-def check_head(cfg: Any, found: Findings) -> None:
-    """``teacher.lm_head: bf16`` where the teacher would refuse it (fideval.model.head), in its words: the reference
+def check_head(cfg: Config, found: Findings) -> None:
+    """``teacher.lm_head: bf16`` where the teacher would refuse it (fideval.model.execution.head), in its words: the reference
     code, layers that are not bfloat16, a CPU device (``auto`` is decided on the machine that runs the teacher)."""
-    from fideval.model import head
     from fideval.model.device import resolve_dtype
+    from fideval.model.execution import head
 
     if cfg.teacher.lm_head != "bf16":
         return
@@ -181,7 +185,7 @@ def check_head(cfg: Any, found: Findings) -> None:
         found.add("teacher.lm_head", msg, head.HINT)
 
 
-def check_fused(cfg: Any, found: Findings) -> None:
+def check_fused(cfg: Config, found: Findings) -> None:
     """``teacher.fused`` where ``fideval fused`` would refuse it (fideval.score.fused.refusal): the reference code,
     model parallel, no emulated candidate."""
     if not cfg.teacher.fused:

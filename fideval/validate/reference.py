@@ -10,13 +10,17 @@ defining the classes its family driver uses, a config.json the vendor's ``ModelA
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING
 
 from fideval.errors import FidevalError
-from fideval.validate import Findings
+from fideval.validate.findings import Findings
+
+if TYPE_CHECKING:
+    from fideval.config import Config
 
 
-def check(cfg: Any, folder, found: Findings) -> None:
+
+def check(cfg: Config, folder, found: Findings) -> None:
     """Problems of a reference-backend config with its model in ``folder`` (None: not local yet, a note)."""
     if getattr(cfg.model, "implementation", "transformers") != "reference":
         return

@@ -7,10 +7,14 @@ from __future__ import annotations
 
 import shutil
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING
 
-from fideval.validate import Findings
+from fideval.validate.findings import Findings
 from fideval.validate.model import Probe
+
+if TYPE_CHECKING:
+    from fideval.config import Config
+
 
 LOGIT_BYTES = 4  # float32
 
@@ -24,7 +28,7 @@ def human(n: float) -> str:
     raise AssertionError  # pragma: no cover
 
 
-def rows(cfg: Any) -> int:
+def rows(cfg: Config) -> int:
     """Logit rows per store: domains x windows per domain x tokens per window."""
     return len(cfg.domains) * cfg.windows.windows_per_domain * cfg.windows.window_tokens
 
@@ -41,7 +45,7 @@ def written(folder: Path) -> int:
     return sum(f.stat().st_size for f in folder.rglob("*") if f.is_file()) if folder.is_dir() else 0
 
 
-def check(cfg: Any, probe: Probe, found: Findings) -> None:
+def check(cfg: Config, probe: Probe, found: Findings) -> None:
     vocab = probe.vocab_size
     if vocab is None:
         return  # no config.json at hand: the model note says so

@@ -5,16 +5,20 @@ tokenizer, a separator without its BOS/EOS token, or a chat domain without a cha
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING
 
 from fideval.errors import FidevalError
-from fideval.validate import Findings
+from fideval.validate.findings import Findings
+
+if TYPE_CHECKING:
+    from fideval.config import Config
+
 
 # A Hub snapshot holds a tokenizer when it has one of these (what AutoTokenizer reads first).
 HUB_TOKENIZER_FILES = ("tokenizer_config.json", "tokenizer.json")
 
 
-def _folder(cfg: Any, found: Findings):
+def _folder(cfg: Config, found: Findings):
     from fideval.config import is_hub, resolve_path
     from fideval.model_source import cached, tokenizer_source
 
@@ -33,7 +37,7 @@ def _folder(cfg: Any, found: Findings):
     return None
 
 
-def check(cfg: Any, found: Findings) -> None:
+def check(cfg: Config, found: Findings) -> None:
     from fideval.windows.encode import Encoder, load_tokenizer
 
     folder = _folder(cfg, found)

@@ -32,7 +32,8 @@ from fideval.formats.ids import window_id
 from fideval.provenance import canonical_hash
 from fideval.windows.encode import Encoded, Encoder, load_tokenizer, tokenizer_sha256
 from fideval.windows.packing import Window, domain_rng, pack_window, sampled
-from fideval.windows.screen import Overlap, Screen
+from fideval.windows.screen.index import Overlap
+from fideval.windows.screen.stage import Screen
 from fideval.windows.sources import Document, describe, iter_documents
 
 

@@ -24,7 +24,7 @@ from fideval.provenance import tool_block
 from fideval.windows.build import Built
 from fideval.windows.layout import FILE, Sequences, length_dir, token_sha256, write_sequences
 from fideval.windows.packing import Window
-from fideval.windows.screen import overlap_record
+from fideval.windows.screen.stage import overlap_record
 
 FORMAT = EvalWindows.FORMAT
 VERSION = EvalWindows.VERSION

@@ -10,7 +10,7 @@ On a tiny llama (random weights, a 320-token byte-level BPE trained on the demo 
    and each candidate's (``cand-<mix>.kld``); ``--kl-divergence`` scores the candidate against ``base.kld``;
 3. fideval's teacher: the same model in transformers (float32) on ``base.kld``'s token ids, written as a fideval
    store and exported with ``fideval export-llamacpp``; llama-perplexity scores the candidate against it;
-4. fideval's own figures for the same candidate: its GGUF loader (``fideval.model.quantized.GGUFCheckpoint``)
+4. fideval's own figures for the same candidate: its GGUF loader (``fideval.model.weights.gguf_checkpoint.GGUFCheckpoint``)
    decodes the candidate into the transformers model, ``fideval score`` scores it against fideval's store
    (all positions, and llama.cpp's positions n_ctx/2 .. n_ctx-2 alone).
 
@@ -153,7 +153,7 @@ def main() -> None:
     import torch
     import transformers
 
-    from fideval.model.quantized import GGUFCheckpoint
+    from fideval.model.weights.gguf_checkpoint import GGUFCheckpoint
     from fideval.store.llamacpp import KldBase
 
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])

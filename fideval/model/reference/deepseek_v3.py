@@ -2,11 +2,11 @@
 
 The contract is :mod:`fideval.model.reference.driver`'s. What is this family's:
 
-* ``ModelArgs`` from the release's config.json (:mod:`.v3_args`); the module globals ``world_size``, ``rank``,
+* ``ModelArgs`` from the release's config.json (:mod:`.deepseek_v3_args`); the module globals ``world_size``, ``rank``,
   ``block_size``, ``gemm_impl``, ``attn_impl`` and ``Linear.dtype`` / ``Linear.scale_fmt`` are set before a
   module is built or run (they are read at call time by ``ParallelEmbedding``, ``RowParallelLinear``, ``MoE``);
 * a layer is ``Block(i, args)`` built on the meta device and filled with this rank's tensors, named and cut
-  as the vendor's ``convert.py`` does (:mod:`.names`): FP8 weights stay FP8 with their scales attached as
+  as the vendor's ``convert.py`` does (:mod:`.deepseek_v3_names`): FP8 weights stay FP8 with their scales attached as
   ``weight.scale`` (the vendor's ``linear`` dequantizes them, or runs ``fp8_gemm`` with ``gemm_impl="fp8"``),
   unless a weight transform quantizes that tensor: then it is dequantized (in float32, per block, as
   ``weight_dequant``), transformed and stored in the run dtype;
@@ -30,9 +30,10 @@ from contextlib import contextmanager
 import torch
 
 from fideval.errors import FidevalError
-from fideval.model.module_classes import module_class_of, quantized_class
-from fideval.model.reference import kernels_v3, names, v3_args
+from fideval.model.execution.transforms import hook_inputs, linears, transform_weight
+from fideval.model.reference import deepseek_v3_args, deepseek_v3_kernels, deepseek_v3_names
 from fideval.model.reference.code import VendorCode, require
+from fideval.quant.module_classes import module_class_of, quantized_class
 
 CLASSES = ("ModelArgs", "Transformer", "Block", "MLA", "MoE", "MLP", "Expert", "Gate", "Linear", "ColumnParallelLinear",
            "RowParallelLinear", "ParallelEmbedding", "RMSNorm", "precompute_freqs_cis")
@@ -68,7 +69,7 @@ class DeepseekV3Driver:
     def stand_ins(cls, device: torch.device, dtype: torch.dtype | None = None) -> tuple[dict, bool]:
         """Kernel modules for :func:`~fideval.model.reference.code.load_vendor_code`: the torch stand-ins for
         ``kernel``; the vendor's Triton kernels preferred on a GPU only."""
-        return {"kernel": kernels_v3}, torch.device(device).type == "cuda"
+        return {"kernel": deepseek_v3_kernels}, torch.device(device).type == "cuda"
 
     def __init__(self, code: VendorCode, config: dict, weights, *, rank: int = 0, world: int = 1, group=None,
                  device="cpu", dtype: torch.dtype = torch.float32, weight_transform=None, act_transform=None,
@@ -76,8 +77,8 @@ class DeepseekV3Driver:
         require(code, CLASSES)
         self.code, self.m, self.weights = code, code.model, weights
         where = str(getattr(weights, "config_dir", "")) + "/config.json" if getattr(weights, "config_dir", None) else "config.json"
-        self.args = v3_args.model_args(self.m, config, where)
-        v3_args.check_world(self.args, world, where)
+        self.args = deepseek_v3_args.model_args(self.m, config, where)
+        deepseek_v3_args.check_world(self.args, world, where)
         if gemm_impl not in ("bf16", "fp8") or attn_impl not in ("naive", "absorb"):
             raise FidevalError(f"gemm_impl {gemm_impl!r} / attn_impl {attn_impl!r} are not the reference code's",
                                hint="gemm_impl: bf16 | fp8; attn_impl: naive | absorb")
@@ -126,25 +127,25 @@ class DeepseekV3Driver:
     def _read(self, hf: str, dim: int | None) -> torch.Tensor:
         """This rank's slice of one release tensor, as stored (fp8 stays fp8)."""
         info = self.weights.info(hf)
-        rows = names.rows_of(dim, info.shape[0] if info.shape else 0, self.rank, self.world)
+        rows = deepseek_v3_names.rows_of(dim, info.shape[0] if info.shape else 0, self.rank, self.world)
         t = self.weights.read(hf, rows=rows) if rows else self.weights.read(hf)
-        return t if rows else names.rank_slice(t, dim, self.rank, self.world, hf)
+        return t if rows else deepseek_v3_names.rank_slice(t, dim, self.rank, self.world, hf)
 
     def _read_all(self, module: torch.nn.Module, prefix: str, linears: set[str]) -> dict:
         """Every release tensor ``module`` needs (fp8 weights with their scales), read on the checkpoint's reader
         pool at once: a DeepSeek-V3 MoE layer is 800 tensors of ~15 MB, too many to read one after another."""
-        from fideval.model.checkpoint import _pool
+        from fideval.model.weights.reading import reader_pool
 
         jobs = {}
         for name, _ in module.named_parameters():
             owner, _, leaf = name.rpartition(".")
             if owner in linears and leaf == "scale":
                 continue
-            hf, dim = names.plan(prefix + name)
+            hf, dim = deepseek_v3_names.plan(prefix + name)
             jobs[hf] = dim
             if self.weights.info(hf).dtype == torch.float8_e4m3fn:
                 jobs[hf + SCALE] = dim
-        return {k: _pool().submit(self._read, k, d) for k, d in jobs.items()}
+        return {k: reader_pool().submit(self._read, k, d) for k, d in jobs.items()}
 
     def _fill(self, module: torch.nn.Module, prefix: str, dtype: torch.dtype | None = None) -> torch.nn.Module:
         """Load every parameter of a freshly built (meta) vendor module from the release; ``prefix``: its vendor
@@ -158,7 +159,7 @@ class DeepseekV3Driver:
             owner, _, leaf = name.rpartition(".")
             if owner in linears and leaf == "scale":
                 continue  # the vendor's fp8 scale parameter: filled with its weight below
-            hf, dim = names.plan(prefix + name)
+            hf, dim = deepseek_v3_names.plan(prefix + name)
             t = reads[hf].result().to(self.device)
             if tuple(t.shape) != tuple(p.shape):
                 raise FidevalError(f"{getattr(self.weights, 'dir', '')}: tensor {hf!r} gives {list(t.shape)} on rank "
@@ -172,7 +173,7 @@ class DeepseekV3Driver:
                                        hint="choose a model-parallel size whose slices hold whole scale blocks")
                 s = reads[hf + SCALE].result().to(self.device)
                 if transform:
-                    t = kernels_v3.dequant_f32(t, s, self.block_size).to(dtype)
+                    t = deepseek_v3_kernels.dequant_f32(t, s, self.block_size).to(dtype)
                 else:
                     sd[name], scales[owner] = t, s.to(torch.float32)
                     continue
@@ -181,10 +182,7 @@ class DeepseekV3Driver:
             else:
                 t = t.to(dtype)
             if transform:
-                y = self.weight_transform(cls_, hf, t)
-                if tuple(y.shape) != tuple(t.shape):
-                    raise ValueError(f"weight_transform changed the shape of {hf}")
-                t = y.to(dtype).contiguous()
+                t = transform_weight(self.weight_transform, cls_, hf, t).to(dtype).contiguous()
             sd[name] = t
         module.load_state_dict(sd, strict=False, assign=True)
         for owner in linears:
@@ -203,13 +201,8 @@ class DeepseekV3Driver:
 
     def _hooks(self, module: torch.nn.Module, prefix: str) -> None:
         """The quant spec's activation transforms on the inputs of the vendor's linears, by module class."""
-        if not self.act_transform:
-            return
-        for name, mod in module.named_modules():
-            if isinstance(mod, self.m.Linear):
-                fn = self.act_transform.get(module_class_of(names.to_hf(f"{prefix}{name}".rstrip(".") + ".weight")))
-                if fn is not None:
-                    mod.register_forward_pre_hook(lambda _m, a, f=fn: (f(a[0]), *a[1:]))
+        hook_inputs(self.act_transform, lambda name: module_class_of(deepseek_v3_names.to_hf(f"{prefix}{name}".rstrip(".") + ".weight")),
+                    linears(module, self.m.Linear))
 
     # -- the contract ----------------------------------------------------------------------------------
     def load_layer(self, i: int) -> torch.nn.Module:
@@ -305,7 +298,7 @@ class DeepseekV3Driver:
         parameter's dtype: the vendor's model decides its own precision)."""
         with torch.no_grad():
             for name, p in module.named_parameters():
-                hf, dim = names.plan(prefix + name)
+                hf, dim = deepseek_v3_names.plan(prefix + name)
                 t = self._read(hf, dim)
                 if hf.endswith(SCALE) or hf.endswith("e_score_correction_bias"):
                     t = t.to(torch.float32)

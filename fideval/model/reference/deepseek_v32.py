@@ -12,7 +12,7 @@ are read from the HF release (:mod:`.deepseek_v32_names`: convert.py's renames a
 What the vendor's code needs and gets here (all recorded in :attr:`DeepseekV32Driver.kernels`):
 
 * ``kernel`` (tilelang) and ``fast_hadamard_transform`` (CUDA): on a CPU the torch stand-ins of
-  :mod:`.kernels_v32`; on CUDA the vendor's own where they import.
+  :mod:`.deepseek_v32_kernels`; on CUDA the vendor's own where they import.
 * ``Indexer.forward`` calls ``dist.broadcast`` whatever the world size: with no process group the driver
   creates a one-process one (gloo on CPU, NCCL on CUDA; a file store in a temp dir).
 * ``rotate_activation`` asserts bf16 input; a float32 run replaces it (for float32 inputs only) with its
@@ -33,17 +33,18 @@ import threading
 import torch
 
 from fideval.errors import FidevalError
-from fideval.model.module_classes import module_class_of, quantized_class
+from fideval.model.execution.transforms import hook_inputs, linears, transform_weight
 from fideval.model.reference import deepseek_v32_args as margs
-from fideval.model.reference import kernels_v32
+from fideval.model.reference import deepseek_v32_kernels
 from fideval.model.reference.code import VendorCode, require
 from fideval.model.reference.deepseek_v32_names import to_hf
+from fideval.quant.module_classes import module_class_of, quantized_class
 
 FP8 = torch.float8_e4m3fn
 BLOCK = 128
 NEEDED = ("ModelArgs", "Transformer", "Block", "MLA", "Indexer", "MoE", "Expert", "MLP", "Gate", "Linear", "RMSNorm",
           "ParallelEmbedding", "ColumnParallelLinear", "precompute_freqs_cis", "rotate_activation")
-STAND_INS = {"kernel": kernels_v32, "fast_hadamard_transform": kernels_v32}
+STAND_INS = {"kernel": deepseek_v32_kernels, "fast_hadamard_transform": deepseek_v32_kernels}
 
 _LOCK = threading.RLock()  # module globals + default dtype while a vendor module is built
 _DEFAULT = {"n": 0, "saved": None, "dtype": None}
@@ -107,7 +108,7 @@ class DeepseekV32Driver:
     @classmethod
     def stand_ins(cls, device: torch.device, dtype: torch.dtype | None = None) -> tuple[dict, bool]:
         """Kernel modules for :func:`~fideval.model.reference.code.load_vendor_code`: the torch stand-ins of
-        :mod:`.kernels_v32` for ``kernel`` (tilelang) and ``fast_hadamard_transform``; the vendor's own preferred
+        :mod:`.deepseek_v32_kernels` for ``kernel`` (tilelang) and ``fast_hadamard_transform``; the vendor's own preferred
         on CUDA in bfloat16 only (its tilelang ``act_quant`` is compiled for bf16 input, ``fp8_gemm`` writes bf16)."""
         return dict(STAND_INS), torch.device(device).type == "cuda" and dtype in (None, torch.bfloat16)
 
@@ -206,9 +207,7 @@ class DeepseekV32Driver:
                                    else tuple(-(-x // BLOCK) for x in p.shape), whole=fn is not None)
                 if fn is not None:
                     full = dequant_blocks(t, s, (BLOCK, BLOCK), torch.float32) if s is not None else t.to(torch.float32)
-                    y = fn(cls_, hf, full)
-                    if tuple(y.shape) != tuple(full.shape):
-                        raise ValueError(f"weight_transform changed the shape of {hf}")
+                    y = transform_weight(fn, cls_, hf, full)
                     if y is full:  # untouched: as released
                         t, s = self._slice(t, dim), (self._slice(s, dim) if s is not None else None)
                     else:
@@ -239,14 +238,8 @@ class DeepseekV32Driver:
 
     def _hooks(self, module: torch.nn.Module, prefix: str) -> None:
         """``act_transform`` on the inputs of the vendor's linears (experts' w1/w3 and w2, attention, MLPs, head)."""
-        if not self.act_transform:
-            return
-        for name, mod in module.named_modules():
-            if isinstance(mod, self.m.Linear):
-                hf, _ = to_hf(f"{prefix}{name}.weight")
-                fn = self.act_transform.get(module_class_of(hf))
-                if fn is not None:
-                    mod.register_forward_pre_hook(lambda _m, a, f=fn: (f(a[0]), *a[1:]))
+        hook_inputs(self.act_transform, lambda name: module_class_of(to_hf(f"{prefix}{name}.weight")[0]),
+                    linears(module, self.m.Linear))
 
     def load_layer(self, i: int) -> torch.nn.Module:
         block = self._build(lambda: self.m.Block(i, self.args))

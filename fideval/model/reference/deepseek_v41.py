@@ -30,9 +30,11 @@ from typing import Any
 import torch
 
 from fideval.errors import FidevalError
-from fideval.model.hooks import check_act_transform
+from fideval.model.execution.hooks import check_act_transform
+from fideval.model.execution.transforms import hook_inputs, linears
 from fideval.model.reference.code import VendorCode, require
-from fideval.model.reference.deepseek_v41_weights import EngramRows, Loader, NameMap, module_class
+from fideval.model.reference.deepseek_v41_weights import EngramRows, Loader, NameMap
+from fideval.quant.module_classes import vendor_module_class
 
 NEEDS = ("ModelArgs", "Block", "ParallelEmbedding", "ParallelHead", "RMSNorm", "Linear", "Transformer",
          "make_identity_pre_mix", "shared_attn", "precompute_freqs_cis")
@@ -324,13 +326,9 @@ class DeepseekV41Driver:
         """act_transform on the inputs of the vendor's linears by module class (an Expert's w1/w3 take its
         input, w2 the SwiGLU output; attention's wo_a is an einsum in the vendor's code, so no hook sees its
         input) and on the head's input."""
-        targets = [(n, mod) for n, mod in module.named_modules() if isinstance(mod, self.m.Linear)]
-        if isinstance(module, self.m.ParallelHead):
-            targets = [("", module)]
-        for name, mod in targets:
-            fn = self.act.get(module_class(f"{prefix}{name}.weight" if name else f"{prefix}weight"))
-            if fn is not None:
-                mod.register_forward_pre_hook(lambda _m, args, f=fn: (f(args[0]).to(args[0].dtype), *args[1:]))
+        targets = [("", module)] if isinstance(module, self.m.ParallelHead) else linears(module, self.m.Linear)
+        hook_inputs(self.act, lambda name: vendor_module_class(f"{prefix}{name}.weight" if name else f"{prefix}weight"),
+                    targets, keep_dtype=True)
         if prefix == "":  # the whole Transformer (oracle): its head too
             self._hooks(module.head, "head.")
 

@@ -38,7 +38,9 @@ import numpy as np
 import torch
 
 from fideval.errors import FidevalError
-from fideval.model.checkpoint import WeightSource
+from fideval.model.execution.transforms import transform_weight
+from fideval.model.weights.checkpoint import WeightSource
+from fideval.quant.module_classes import vendor_module_class
 
 NAME_MAP = "name_map.json"
 QUANT = (torch.float8_e4m3fn, torch.float4_e2m1fn_x2)
@@ -75,22 +77,6 @@ class NameMap:
 
     def __call__(self, vendor_name: str) -> str:
         return self.prefix + ".".join(self.inverse.get(c, c) for c in vendor_name.split("."))
-
-
-def module_class(vendor_name: str) -> str | None:
-    """The quant spec's module class of a vendor parameter (:mod:`fideval.model.module_classes`' names):
-    ``ffn.experts.`` routed, ``ffn.shared_experts.`` shared, ``attn.`` attention (compressor and indexer
-    included), ``head.`` lm_head. V4.1 has no dense MLP layers; embeddings, norms, routers, hyper-connection
-    mixes and Engram are never quantized."""
-    if vendor_name.startswith("head."):
-        return "lm_head"
-    if ".ffn.experts." in vendor_name:
-        return "routed_experts"
-    if ".ffn.shared_experts." in vendor_name:
-        return "shared_experts"
-    if ".attn." in vendor_name:
-        return "attention"
-    return None
 
 
 def unpack_fp4(packed: torch.Tensor) -> torch.Tensor:
@@ -189,16 +175,16 @@ class Loader:
             t = self.read(prefix + name, tuple(p.shape))
             if t.dtype in QUANT or p.dtype in QUANT or t.dtype == torch.float8_e8m0fnu:
                 t = _as_stored(t, p, prefix + name)
-            cls = module_class(prefix + name)
+            cls = vendor_module_class(prefix + name)
             if self.transform is not None and cls is not None and p.dim() >= 2 and p.dtype.is_floating_point:
-                t = self.transform(cls, self.names(prefix + name), t.float())  # the head (not a vendor Linear)
+                t = transform_weight(self.transform, cls, self.names(prefix + name), t.float())  # the head (not a vendor Linear)
             p.data = t.to(p.dtype) if t.dtype != p.dtype else t
 
     def _fill_linear(self, lin: torch.nn.Module, prefix: str) -> None:
         w, s = lin.weight, lin.scale
         key = self.key(prefix + "weight")
         stored_dtype = self.weights.info(key).dtype
-        cls = module_class(prefix + "weight")
+        cls = vendor_module_class(prefix + "weight")
         transform = self.transform if cls is not None else None
         if w.dtype in QUANT and (stored_dtype.is_floating_point and stored_dtype not in QUANT):
             # a decoded build: floats where the vendor keeps FP8/FP4 -- logical shape [out, in]
@@ -221,7 +207,7 @@ class Loader:
                 return
             dense = dequantize(q, sc)
         if transform is not None:
-            dense = transform(cls, self.names(prefix + "weight"), dense)
+            dense = transform_weight(transform, cls, self.names(prefix + "weight"), dense)
         exact = reencode(dense.float(), w.dtype) if w.dtype in QUANT else None
         if exact is not None:  # the vendor's own FP8/FP4 GEMM, with its FP8 activations
             w.data, s.data = exact

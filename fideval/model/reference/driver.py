@@ -13,10 +13,10 @@ Contract (every method runs under ``torch.inference_mode``):
 
 * ``Driver(code, config, weights, *, rank, world, group, device, dtype, weight_transform, act_transform)``
   -- ``code``: :class:`~fideval.model.reference.code.VendorCode`; ``config``: the checkpoint's config.json
-  as a dict; ``weights``: a :class:`~fideval.model.checkpoint.WeightSource` (HF release names; a real
+  as a dict; ``weights``: a :class:`~fideval.model.weights.checkpoint.WeightSource` (HF release names; a real
   quantized build's decoded tensors under the same names); ``weight_transform(module_class, hf_name,
   tensor) -> tensor`` and ``act_transform`` (module class -> fn on that class's input activations), the
-  quant spec's hooks (:mod:`fideval.model.module_classes` names the classes; None: the reference itself).
+  quant spec's hooks (:mod:`fideval.quant.module_classes` names the classes; None: the reference itself).
   A config the vendor's ``ModelArgs`` rejects, a run dtype the vendor's code cannot compute in (V4.1:
   bfloat16 only), or a world size that does not divide the experts or the vocabulary, is a one-line
   :class:`~fideval.errors.FidevalError` here, before any weight is read. ``weights`` may be

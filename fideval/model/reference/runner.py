@@ -5,7 +5,7 @@ The same interface as :class:`fideval.model.runner.Runner` (what the verbs use: 
 outer loop (:class:`~fideval.model.layer_major.LayerMajor`: chunks, micro-batches, skipped sequences, canary).
 Everything about the model is the driver's (:mod:`fideval.model.reference.driver`): this module never names a
 family. Per chunk: every micro-batch's state from ``driver.begin``; layer ``i`` loaded by ``driver.load_layer``
-on the prefetch thread while layer ``i-1`` computes (:class:`~fideval.model.prefetch.Prefetch`, depth 1), run by
+on the prefetch thread while layer ``i-1`` computes (:class:`~fideval.model.execution.prefetch.Prefetch`, depth 1), run by
 ``driver.forward_layer`` on each micro-batch's state; ``driver.finish`` gives float32 logits over every position.
 
 States stay on the device between layers (a driver's state is its own structure, not a tensor the runner can
@@ -22,15 +22,16 @@ import numpy as np
 import torch
 
 from fideval.errors import FidevalError
-from fideval.model import determinism, fp8_release, profile
-from fideval.model.checkpoint import WeightSource, open_weights
 from fideval.model.device import resolve_device
-from fideval.model.hooks import check_act_transform
+from fideval.model.execution import determinism
+from fideval.model.execution.hooks import check_act_transform
+from fideval.model.execution.prefetch import Ledger, Prefetch
 from fideval.model.layer_major import LayerMajor
-from fideval.model.prefetch import Ledger, Prefetch
-from fideval.model.profile import Timeline
 from fideval.model.reference import driver as contract
 from fideval.model.reference.code import load_vendor_code, resolve_code_dir
+from fideval.model.weights import fp8_release
+from fideval.model.weights.checkpoint import WeightSource, open_weights
+from fideval.timing.timeline import Timeline, module_parts
 
 DEFAULT_HOST_BUDGET = 4 << 30
 
@@ -76,7 +77,7 @@ class ReferenceRunner(LayerMajor):
         determinism.configure()
         self.options = opts = options
         if opts.head == "bf16":
-            from fideval.model.head import HINT, NOT_WITH_REFERENCE
+            from fideval.model.execution.head import HINT, NOT_WITH_REFERENCE
 
             raise FidevalError(NOT_WITH_REFERENCE, hint=HINT)
         self.device = resolve_device(opts.device)
@@ -155,7 +156,7 @@ class ReferenceRunner(LayerMajor):
                             sub = getattr(layer, name, None)
                             if sub is not None:
                                 part = part or ("moe" if hasattr(sub, "experts") else "dense_mlp")
-                                profile.module_parts(sub, tl, part)
+                                module_parts(sub, tl, part)
                     for j in range(len(states)):
                         with mb_part(j), tl.part("norms"):  # what attention and MLP parts leave
                             states[j] = drv.forward_layer(i, layer, states[j])
@@ -174,7 +175,7 @@ class ReferenceRunner(LayerMajor):
 def iter_logits(weights: WeightSource | str | Path, sequences, options, *, timeline: Timeline | None = None,
                 skip: Callable[[str], bool] | None = None) -> Iterator[tuple[str, torch.Tensor]]:
     """:func:`fideval.model.runner.iter_logits` for the reference backend (every rank under torchrun calls it)."""
-    from fideval.model import parallel
+    from fideval.model.execution import parallel
 
     rank, world, group = parallel.init_from_env(resolve_device(options.device))
     yield from ReferenceRunner(weights, options, rank=rank, world=world, group=group,
@@ -182,7 +183,7 @@ def iter_logits(weights: WeightSource | str | Path, sequences, options, *, timel
 
 
 class ConfigOnly:
-    """A :class:`~fideval.model.checkpoint.WeightSource` with the config and no tensors: what ``fideval validate``
+    """A :class:`~fideval.model.weights.checkpoint.WeightSource` with the config and no tensors: what ``fideval validate``
     hands a driver (whose constructor reads no weight), so a model whose weights are not local yet is checked.
     ``config_only``: the driver checks and sizes, and joins or creates no process group (validate runs in one
     process whatever the model-parallel size it checks)."""
@@ -192,7 +193,7 @@ class ConfigOnly:
     def __init__(self, folder: str | Path):
         import json
 
-        from fideval.model.fp8_release import detect
+        from fideval.model.weights.fp8_release import detect
 
         self.dir = self.config_dir = Path(folder)
         cfg = self.dir / "config.json"

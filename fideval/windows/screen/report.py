@@ -40,7 +40,7 @@ def rescreen(cfg: Config, windows_dir: Path) -> tuple[list[ScreenRow], ScreenSum
     """Every window of ``windows_dir`` (written by ``fideval windows``) screened against ``cfg``'s
     calibration: (one row a window, in eval-windows.json's order; the summary, or ``None`` when no
     calibration is configured and nothing was screened)."""
-    from fideval.windows.records import read_eval_windows  # records imports this package: either may load first
+    from fideval.windows.records import read_eval_windows  # records imports the stage below this package, not this
 
     rec = read_eval_windows(windows_dir)
     seqs = read_sequences(length_dir(windows_dir, "windows", rec["windows_config"]["window_tokens"]))

@@ -22,6 +22,7 @@ all of DeepSeek-V3), so all of them are read up front. :func:`detect` refuses wh
 
 from __future__ import annotations
 
+import json
 import math
 from dataclasses import dataclass
 from pathlib import Path
@@ -87,7 +88,7 @@ def detect(cfg: dict, where: Path) -> Release | None:
 
 
 def check(ckpt, release: Release) -> int:
-    """Check every fp8 tensor and scale of ``ckpt`` (a :class:`~fideval.model.checkpoint.Checkpoint`) before any
+    """Check every fp8 tensor and scale of ``ckpt`` (a :class:`~fideval.model.weights.checkpoint.Checkpoint`) before any
     compute, from the headers and then the scales' values; returns how many scales were read."""
     tensors = ckpt.tensors
     scales: list[str] = []
@@ -123,13 +124,13 @@ def check(ckpt, release: Release) -> int:
 
 def _check_values(ckpt, release: Release, names: list[str]) -> None:
     """Every scale read and checked, one file per task on the reader pool; a failure names the first bad tensor."""
-    from fideval.model.checkpoint import _pool
+    from fideval.model.weights.reading import reader_pool
 
     by_file: dict[Path, list[tuple[str, object]]] = {}
     for n in names:
         info = ckpt.info(n)
         by_file.setdefault(info.file, []).append((n, info))
-    for bad in _pool().map(lambda item: _scan(*item, release), by_file.items()):
+    for bad in reader_pool().map(lambda item: _scan(*item, release), by_file.items()):
         if bad is not None:
             name, x = bad
             rule = "finite and > 0" if not math.isfinite(x) or x <= 0 else "powers of two under scale_fmt ue8m0"
@@ -236,3 +237,19 @@ def describe(ckpt, release: Release | None, dtype: torch.dtype, device) -> str:
         if info.dtype.is_floating_point:
             by[_name(info.dtype)] = by.get(_name(info.dtype), 0) + info.nbytes
     return "as released: " + " + ".join(sorted(by, key=lambda d: -by[d]))
+
+
+def reference_config(reference_dir: Path) -> dict:
+    """The reference model's config.json (a real build's config is its reference's), read and checked: an FP8
+    release is a reference; another quantization is refused."""
+    p = Path(reference_dir) / "config.json"
+    try:
+        cfg = json.loads(p.read_text())
+    except FileNotFoundError:
+        raise FidevalError(f"{p} not found", hint="model.path must be the reference checkpoint folder") from None
+    except (OSError, ValueError) as e:
+        raise FidevalError(f"{p} is not valid JSON ({type(e).__name__})", hint="fix or re-download config.json") from None
+    if not isinstance(cfg, dict):
+        raise FidevalError(f"{p} is not a JSON object", hint="fix or re-download config.json")
+    detect(cfg, p)  # an FP8 release is a reference (its config is the model's); another quantization is refused
+    return cfg

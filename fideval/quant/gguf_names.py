@@ -121,11 +121,10 @@ def plan_sources(arch: str, expected: dict[str, tuple[int, ...]], present: set[s
                  where: Path) -> dict[str, Source]:
     """For each reference tensor (``expected``: name -> shape) found in the GGUF (``present``: its tensor names),
     where it comes from. A reference tensor without GGUF tensors is left out (the caller names it)."""
-    from fideval.model.families import FAMILIES
+    from fideval.quant.module_classes import DISK_RENAMES
 
     tm = _tensor_map(arch, int(config.get("num_hidden_layers") or 0), where)
-    family = FAMILIES.get((config.get("architectures") or [None])[0])
-    renames = family.renames if family is not None else ()
+    renames = DISK_RENAMES.get((config.get("architectures") or [None])[0], ())
 
     def gguf_name(base: str, bias: bool) -> str | None:
         g = tm.get_name(base)

@@ -3,7 +3,8 @@ linears (and of the routed experts' projections), the model-parallel expert wrap
 
 Weight transforms need no hook: :meth:`~fideval.model.adapters.Adapter.materialize` applies them once, as
 a layer's tensors are filled in. Activations exist only while a layer runs, so they are transformed by
-forward pre-hooks, by module class (:mod:`fideval.model.module_classes`), on full parameter names.
+forward pre-hooks, by module class (:mod:`fideval.quant.module_classes`), on full parameter names
+(:mod:`fideval.model.execution.transforms`, the vendor drivers' way too).
 """
 
 from __future__ import annotations
@@ -14,9 +15,10 @@ from collections.abc import Callable
 
 import torch
 
-from fideval.model import determinism
-from fideval.model import experts as experts_path
-from fideval.model.module_classes import MODULE_CLASSES, module_class_of
+from fideval.model.execution import determinism
+from fideval.model.execution import experts as experts_path
+from fideval.model.execution.transforms import hook_inputs, linears
+from fideval.quant.module_classes import MODULE_CLASSES, module_class_of
 
 
 def check_act_transform(act_transform: dict | None) -> dict:
@@ -32,13 +34,8 @@ def install(layer: torch.nn.Module, i: int, act_transform: dict[str, Callable], 
             world: int, group, lean: bool) -> None:
     """Layer ``i``: act_transform on inputs of attention / shared / dense linears, and the routed experts'
     wrapper (the transform on their inputs and inside them, this rank's experts [lo, hi) only, the sum
-    over ranks; ``lean``: fideval.model.experts' forward where it supports the module)."""
-    for name, mod in layer.named_modules():
-        if isinstance(mod, torch.nn.Linear):
-            cls_ = module_class_of(f"model.layers.{i}.{name}.weight")
-            fn = act_transform.get(cls_) if cls_ else None
-            if fn is not None:
-                mod.register_forward_pre_hook(lambda m, args, f=fn: (f(args[0]), *args[1:]))
+    over ranks; ``lean``: fideval.model.execution.experts' forward where it supports the module)."""
+    hook_inputs(act_transform, lambda name: module_class_of(f"model.layers.{i}.{name}.weight"), linears(layer))
     experts = getattr(getattr(layer, "mlp", None), "experts", None)
     if experts is None:
         return
@@ -86,7 +83,7 @@ def install(layer: torch.nn.Module, i: int, act_transform: dict[str, Callable], 
 
 
 def warm_experts(config, device: torch.device, dtype: torch.dtype, stats: dict) -> None:
-    """On CUDA, compile fideval.model.experts' Triton kernels before the first MoE block, so that no block pays
+    """On CUDA, compile fideval.model.execution.experts' Triton kernels before the first MoE block, so that no block pays
     a just-in-time compile; the wall time is ``stats["warmup_s"]`` (part of the run's ``wall_s``)."""
     k = getattr(config, "num_experts_per_tok", None)
     if not (k and device.type == "cuda"):

@@ -23,6 +23,7 @@ import torch
 
 from fideval.errors import FidevalError
 from fideval.formats import safetensors
+from fideval.model.weights.reading import reader_pool
 
 MAX_HEADER = safetensors.MAX_HEADER
 SINGLE = "model.safetensors"
@@ -77,10 +78,10 @@ class TensorMeta(Protocol):
 class WeightSource(Protocol):
     """Where the runner's weights come from, tensor by tensor, under the reference model's Hugging Face names:
     this module's :class:`Checkpoint` (the teacher and emulated candidates) or a real quantized build
-    (:class:`~fideval.model.quantized.QuantizedCheckpoint`, :class:`~fideval.model.quantized.GGUFCheckpoint`),
+    (:class:`~fideval.model.weights.quantized.QuantizedCheckpoint`, :class:`~fideval.model.weights.quantized.GGUFCheckpoint`),
     which decodes its tensors to floats on read. ``config_dict`` is the reference's config.json, read from
     ``config_dir``; ``dir`` is what error messages name. An optional ``release`` attribute says how ``read``'s
-    tensors are stored: a :class:`~fideval.model.fp8_release.Release` when they are an FP8 release's fp8
+    tensors are stored: a :class:`~fideval.model.weights.fp8_release.Release` when they are an FP8 release's fp8
     weights and ``_scale_inv`` scales (the runner dequantizes them on its device), None or absent when they
     are floats."""
 
@@ -99,19 +100,6 @@ class WeightSource(Protocol):
 
 
 PIECE = 64 << 20
-_POOL: tuple[int, object] | None = None
-
-
-def _pool():
-    """One reader pool per process (a forked child inherits the pool object but not its threads)."""
-    global _POOL
-    if _POOL is None or _POOL[0] != os.getpid():
-        from concurrent.futures import ThreadPoolExecutor
-
-        _POOL = (os.getpid(), ThreadPoolExecutor(max_workers=min(8, os.cpu_count() or 1), thread_name_prefix="fideval-read"))
-    return _POOL[1]
-
-
 def _read_into(file: Path, start: int, view: memoryview, key: str) -> None:
     with open(file, "rb", buffering=0) as f:
         f.seek(start)
@@ -161,9 +149,9 @@ class Checkpoint:
 
     @functools.cached_property
     def release(self):
-        """The FP8 release format ``config.json`` declares (:func:`fideval.model.fp8_release.detect`), None for
+        """The FP8 release format ``config.json`` declares (:func:`fideval.model.weights.fp8_release.detect`), None for
         an unquantized checkpoint; a quantization this reader cannot take is a one-line error here."""
-        from fideval.model.fp8_release import detect
+        from fideval.model.weights.fp8_release import detect
 
         return detect(self.config_dict, self.dir / "config.json")
 
@@ -206,7 +194,7 @@ class Checkpoint:
             if len(pieces) == 1 or threading.current_thread().name.startswith("fideval-read"):  # no nested waits
                 _read_into(info.file, start, view, key)
             else:  # page cache -> memory copies run at a few GB/s per thread; several threads fill one tensor
-                list(_pool().map(lambda ab: _read_into(info.file, start + ab[0], view[ab[0]:ab[1]], key), pieces))
+                list(reader_pool().map(lambda ab: _read_into(info.file, start + ab[0], view[ab[0]:ab[1]], key), pieces))
         return out if out is not None else buf.view(info.dtype).view(shape)
 
 

@@ -16,7 +16,7 @@ from contextlib import nullcontext
 
 import torch
 
-from fideval.model.profile import Timeline
+from fideval.timing.timeline import Timeline
 
 _PHASES = ("input_layernorm", "self_attn", "post_attention_layernorm", "mlp")
 

@@ -8,11 +8,11 @@ per layer means the numbers the runner computes with are, bit for bit, those the
 (``fideval.quant.checkpoint.decode_tensor_set``, gguf-py) produces, and nothing is written.
 
 Both classes implement what :class:`fideval.model.adapters.Adapter` and the runner use of
-:class:`~fideval.model.checkpoint.Checkpoint`: ``dir``, ``config_dict``, ``config_dir``, ``in``,
+:class:`~fideval.model.weights.checkpoint.Checkpoint`: ``dir``, ``config_dict``, ``config_dir``, ``in``,
 ``info(key)`` (shape and dtype *after* decoding) and ``read(key, rows=, pin=, out=)``. The architecture
 and config always come from the reference model's ``config.json`` (``config_dir``): the build must be
 the same network, and shape checks against it name the offending tensor. The reference may be an FP8 release
-(:mod:`fideval.model.fp8_release`): only its config is used here; a reference quantized any other way is refused.
+(:mod:`fideval.model.weights.fp8_release`): only its config is used here; a reference quantized any other way is refused.
 
 * :class:`QuantizedCheckpoint` -- safetensors folders: compressed-tensors NVFP4 (``weight_packed``,
   ``weight_scale``, ``weight_global_scale``) and FP8 (``weight`` + ``weight_scale``), ModelOpt NVFP4/FP8,
@@ -20,14 +20,13 @@ the same network, and shape checks against it name the offending tensor. The ref
   :class:`Checkpoint` (bounded); a logical tensor is planned from the headers alone, so its shape is
   known before any byte is read. gpt-oss stores experts ``[E, out, in]`` as blocks, transformers holds
   them transposed (``[E, in, out]``), so decoded gpt-oss expert tensors are transposed back.
-* :class:`~fideval.model.gguf_checkpoint.GGUFCheckpoint` -- a llama.cpp GGUF file, in its own module: names
+* :class:`~fideval.model.weights.gguf_checkpoint.GGUFCheckpoint` -- a llama.cpp GGUF file, in its own module: names
   mapped with gguf-py's tables, the converter's rewrites (Q/K permutation, stacked and fused experts, DeepSeek's
-  kv_b split) undone in :mod:`fideval.model.gguf_names`, metadata checked by :mod:`fideval.model.gguf_meta`.
+  kv_b split) undone in :mod:`fideval.quant.gguf_names`, metadata checked by :mod:`fideval.model.weights.gguf_meta`.
 """
 
 from __future__ import annotations
 
-import json
 import math
 import re
 from dataclasses import dataclass
@@ -36,30 +35,16 @@ from pathlib import Path
 import torch
 
 from fideval.errors import FidevalError
-from fideval.model.checkpoint import Checkpoint, TensorInfo
-from fideval.model.gguf_checkpoint import GGUFCheckpoint  # noqa: F401  (re-exported: the GGUF reader lives there)
+from fideval.model.weights.checkpoint import Checkpoint, TensorInfo
+from fideval.model.weights.fp8_release import reference_config
+from fideval.model.weights.gguf_checkpoint import GGUFCheckpoint
+from fideval.model.weights.reading import deliver
 
 # quantization_config.quant_method values we decode, and compressed-tensors' formats among them
 QUANT_METHODS = ("compressed-tensors", "fp8", "mxfp4", "modelopt")
 CT_FORMATS = ("nvfp4-pack-quantized", "float-quantized", "naive-quantized")
 _DROP = (".input_scale", ".input_global_scale", ".k_scale", ".v_scale")
 _GPT_OSS_EXPERTS = re.compile(r"mlp\.experts\.(gate_up_proj|down_proj)$")
-
-
-def _reference_config(reference_dir: Path) -> dict:
-    p = Path(reference_dir) / "config.json"
-    try:
-        cfg = json.loads(p.read_text())
-    except FileNotFoundError:
-        raise FidevalError(f"{p} not found", hint="model.path must be the reference checkpoint folder") from None
-    except (OSError, ValueError) as e:
-        raise FidevalError(f"{p} is not valid JSON ({type(e).__name__})", hint="fix or re-download config.json") from None
-    if not isinstance(cfg, dict):
-        raise FidevalError(f"{p} is not a JSON object", hint="fix or re-download config.json")
-    from fideval.model.fp8_release import detect
-
-    detect(cfg, p)  # an FP8 release is a reference (its config is the model's); another quantization is refused
-    return cfg
 
 
 def check_quantization_config(qc, where: Path) -> str | None:
@@ -148,7 +133,7 @@ class QuantizedCheckpoint:
         self.raw = Checkpoint(weights_dir)
         self.dir = self.raw.dir
         self.config_dir = Path(reference_dir)
-        ref = _reference_config(self.config_dir)
+        ref = reference_config(self.config_dir)
         self.quant_method = check_quantization_config(self.raw.config_dict.get("quantization_config"), self.dir / "config.json")
         mine = (self.raw.config_dict.get("architectures") or [None])[0]
         theirs = (ref.get("architectures") or [None])[0]
@@ -201,7 +186,7 @@ class QuantizedCheckpoint:
         if tuple(t.shape) != tuple(want):
             raise FidevalError(f"{self.dir}: tensor {key!r} decoded to shape {list(t.shape)}, its headers imply {list(want)}",
                                hint="the checkpoint is corrupt")
-        return _deliver(t, key, self.dir, pin, out)
+        return deliver(t, key, self.dir, pin, out)
 
     def bits(self) -> dict:
         """Stored bits per weight per module class (scales included) and for the whole build."""
@@ -229,18 +214,6 @@ class QuantizedCheckpoint:
         from fideval.quant.spec import MODULE_CLASSES, module_class_of
 
         return {c for n, e in self.logical.items() if e.kind != "plain" and (c := module_class_of(n)) in MODULE_CLASSES}
-
-
-def _deliver(t: torch.Tensor, key: str, where, pin: bool, out: torch.Tensor | None) -> torch.Tensor:
-    """Return ``t`` (contiguous, optionally pinned) or copy it into ``out`` (a fused expert slot)."""
-    if out is not None:
-        if out.dtype != t.dtype or out.numel() != t.numel() or not out.is_contiguous():
-            raise FidevalError(f"{where}: tensor {key!r} ({t.dtype}, shape {list(t.shape)}) does not fit its slot "
-                               f"({out.dtype}, shape {list(out.shape)})", hint="the checkpoint does not match config.json")
-        out.copy_(t.reshape(out.shape))
-        return out
-    t = t.contiguous()
-    return t.pin_memory() if pin and torch.cuda.is_available() else t
 
 
 def open_real(path: str | Path, reference_dir: str | Path):

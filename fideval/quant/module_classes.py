@@ -13,7 +13,7 @@ names, quantizes them; kept as it is (changing it would change printed bits), se
 
 A release stored in its reference code's own module names (DeepSeek-V4.1-Flash: ``layers.3.ffn.experts.0.w1.weight``,
 ``layers.3.attn.wq_a.weight``, ``head.weight``; no ``model.`` prefix, which every transformers key has) is
-classified by :func:`fideval.model.reference.deepseek_v41_weights.module_class`, the rule that driver's hooks use.
+classified by :func:`vendor_module_class`, the rule that driver's hooks use.
 
 A class says where a tensor belongs, not that it is quantized: :func:`quantized_class` adds the second
 condition (a floating matrix, never a norm, bias or router).
@@ -25,6 +25,14 @@ import re
 from collections.abc import Iterable
 
 MODULE_CLASSES = ("routed_experts", "shared_experts", "attention", "dense_mlp", "lm_head")
+# architectures[0] -> (module name part, on-disk name part) pairs: how transformers' conversion_mapping.py renames
+# the family's keys on load (fideval.model.families' ``renames``; gguf-py's tables see the on-disk names)
+DISK_RENAMES: dict[str, tuple[tuple[str, str], ...]] = {
+    "Ernie4_5_MoeForCausalLM": (("mlp.gate.moe_statics.", "mlp.moe_statics."),),
+    "GraniteMoeForCausalLM": (("block_sparse_moe.experts.gate_up_proj", "block_sparse_moe.input_linear.weight"),
+                              ("block_sparse_moe.experts.down_proj", "block_sparse_moe.output_linear.weight"),
+                              ("block_sparse_moe.router.weight", "block_sparse_moe.router.layer.weight")),
+}
 _ROUTER = re.compile(r"\.mlp\.(gate|router|shared_expert_gate)\.|\.mlp\.gate\.e_score_correction_bias$")
 
 
@@ -38,9 +46,7 @@ def module_class_of(name: str) -> str | None:
     if name.startswith("lm_head.") or name == "lm_head":
         return "lm_head"
     if name.startswith(("layers.", "head.")):  # the reference code's own names (module docstring)
-        from fideval.model.reference.deepseek_v41_weights import module_class
-
-        return module_class(name)
+        return vendor_module_class(name)
     if ".self_attn." in name:
         return "attention"
     if ".mlp." not in name:
@@ -52,6 +58,22 @@ def module_class_of(name: str) -> str | None:
     if ".mlp.shared_experts." in name or ".mlp.shared_expert." in name:
         return "shared_experts"
     return "dense_mlp"
+
+
+def vendor_module_class(vendor_name: str) -> str | None:
+    """The module class of a parameter under the reference code's own names (DeepSeek-V4.1-Flash's release):
+    ``ffn.experts.`` routed, ``ffn.shared_experts.`` shared, ``attn.`` attention (compressor and indexer
+    included), ``head.`` lm_head. V4.1 has no dense MLP layers; embeddings, norms, routers, hyper-connection
+    mixes and Engram are never quantized."""
+    if vendor_name.startswith("head."):
+        return "lm_head"
+    if ".ffn.experts." in vendor_name:
+        return "routed_experts"
+    if ".ffn.shared_experts." in vendor_name:
+        return "shared_experts"
+    if ".attn." in vendor_name:
+        return "attention"
+    return None
 
 
 def is_quantized_tensor(name: str, shape: Iterable[int], floating: bool = True) -> bool:

@@ -3,9 +3,9 @@ with gguf-py (``gguf.quants.dequantize``) from the memory-mapped file when the r
 
 Before any tensor is touched, :class:`GGUFCheckpoint` checks, in this order, what would otherwise make the run
 silently wrong or fail late: the architecture (``general.architecture`` against the reference's
-``architectures[0]``, :data:`fideval.model.gguf_names.GGUF_ARCHS`), the metadata llama.cpp computes with
-(:func:`fideval.model.gguf_meta.check_gguf_metadata`: routing, norm epsilon, rope), then every GGUF tensor's
-place in the reference model (:func:`fideval.model.gguf_names.plan_sources`, gguf-py's name tables), its
+``architectures[0]``, :data:`fideval.quant.gguf_names.GGUF_ARCHS`), the metadata llama.cpp computes with
+(:func:`fideval.model.weights.gguf_meta.check_gguf_metadata`: routing, norm epsilon, rope), then every GGUF tensor's
+place in the reference model (:func:`fideval.quant.gguf_names.plan_sources`, gguf-py's name tables), its
 shape after the converter's rewrites are undone, and that gguf-py can dequantize its type. ``fideval validate``
 opens the candidate with this class, so it reports all of it; each problem is one line naming the tensor or key
 and both values.
@@ -22,8 +22,10 @@ from pathlib import Path
 import torch
 
 from fideval.errors import FidevalError
-from fideval.model import gguf_names
-from fideval.model.gguf_names import Source
+from fideval.model.weights.fp8_release import reference_config
+from fideval.model.weights.reading import deliver
+from fideval.quant import gguf_names
+from fideval.quant.gguf_names import Source
 
 
 @dataclass(frozen=True)
@@ -40,13 +42,12 @@ class GGUFCheckpoint:
     release = None
 
     def __init__(self, gguf_path: str | Path, reference_dir: str | Path):
-        from fideval.model.gguf_meta import check_gguf_metadata, gguf_value
-        from fideval.model.quantized import _reference_config
+        from fideval.model.weights.gguf_meta import check_gguf_metadata, gguf_value
         from fideval.quant.gguf_file import _reader
 
         self.dir = Path(gguf_path)
         self.config_dir = Path(reference_dir)
-        self.config_dict = _reference_config(self.config_dir)
+        self.config_dict = reference_config(self.config_dir)
         self.reader = _reader(self.dir)
         arch = gguf_value(self.reader, "general.architecture")
         hf_arch = (self.config_dict.get("architectures") or [None])[0]
@@ -146,7 +147,6 @@ class GGUFCheckpoint:
              out: torch.Tensor | None = None) -> torch.Tensor:
         """Dequantize (gguf-py) the GGUF tensor(s) of ``key`` and undo the converter's rewrite; rows ``[lo, hi)``
         of a routed-experts tensor dequantize only those experts."""
-        from fideval.model.quantized import _deliver
         from fideval.quant.gguf_formats import gguf_dequantize
 
         e = self.info(key)
@@ -174,7 +174,7 @@ class GGUFCheckpoint:
         if tuple(t.shape) != ((hi - lo, *e.shape[1:]) if rows is not None else e.shape):
             raise FidevalError(f"{self.dir}: GGUF tensor(s) {list(e.parts)} did not decode to {key} of shape "
                                f"{list(e.shape)}", hint="the GGUF is not a build of the reference model")
-        return _deliver(t, key, self.dir, pin, out)
+        return deliver(t, key, self.dir, pin, out)
 
     def quantized_classes(self) -> set[str]:
         from fideval.quant.gguf_file import gguf_module_class_of

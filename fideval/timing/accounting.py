@@ -1,7 +1,7 @@
 """A whole run's accounting: its wall time split into named parts that add up to it, tokens/s, model FLOP
 utilisation, and the share of background work (weight loads, store writes) hidden behind compute.
 
-The parts come from the run's :class:`~fideval.model.profile.Timeline` (device work and host waits, on the
+The parts come from the run's :class:`~fideval.timing.timeline.Timeline` (device work and host waits, on the
 compute stream's clock) plus ``startup`` (host time before the timeline started: opening the checkpoint,
 reading the sequences, checking finished shards). ``other`` is what is left of the wall, reported so that
 the parts sum to the wall exactly -- and checked to be small, since a large ``other`` means work nobody timed.

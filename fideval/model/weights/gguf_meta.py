@@ -11,7 +11,7 @@ normalisation (a key, or fixed in llama.cpp's graph: qwen3moe yes, qwen2moe and 
 dense layers), norm epsilon, attention heads, sliding window, and rope (base,
 rotated dimensions, scaling type, factor, original context; for ``deepseek2``, whose llama.cpp graph rotates
 interleaved pairs, a reference with ``rope_interleave: false``). Key names come from gguf-py (``gguf.Keys``).
-A disagreement is one line naming both values; :class:`fideval.model.gguf_checkpoint.GGUFCheckpoint` runs this
+A disagreement is one line naming both values; :class:`fideval.model.weights.gguf_checkpoint.GGUFCheckpoint` runs this
 first, so ``fideval validate`` reports it.
 """
 
