@@ -15,9 +15,13 @@ import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from fideval.errors import FidevalError
+from fideval.formats.nesting import MAX_DEPTH
 
 DEMO_ROOT = Path(__file__).resolve().parent / "demo" / "assets"
 HEX40 = re.compile(r"^[0-9a-f]{40}$")
+# Names become folder names and, for domains, the stem of every sequence id (fideval/formats/ids.py: file-safe, at most
+# 200 characters): kept short enough that no id or path component can outgrow its limit hours into a run.
+NAME_MAX = 64
 
 
 def resolve_path(p: str | Path) -> Path:
@@ -34,7 +38,8 @@ def is_hub(p: str | Path | None) -> bool:
 
 
 class Strict(BaseModel):
-    model_config = ConfigDict(extra="forbid", frozen=True)
+    # allow_inf_nan=False: a float key is a finite number (YAML's .nan and .inf are refused naming the key)
+    model_config = ConfigDict(extra="forbid", frozen=True, allow_inf_nan=False)
 
 
 class LocalSource(Strict):
@@ -78,7 +83,8 @@ Source = Annotated[LocalSource | HubSource, Field(discriminator="type")]
 
 
 class Domain(Strict):
-    name: str = Field(pattern=r"^[a-z0-9][a-z0-9_-]*$", description="short domain name used in file names and tables")
+    name: str = Field(pattern=r"^[a-z0-9][a-z0-9_-]*$", max_length=NAME_MAX,
+                      description=f"short domain name used in file names, sequence ids and tables (at most {NAME_MAX} characters)")
     source: Source
     kind: Literal["text", "chat"] = Field(
         "text", description="'chat' domains are screened per conversation (stricter threshold) before packing"
@@ -112,7 +118,7 @@ class WindowsConfig(Strict):
     window_tokens: int = Field(8192, gt=0, description="tokens per evaluation window")
     cut_tokens: int = Field(2048, gt=0, description="tokens per cut; each cut runs as a fresh sequence")
     windows_per_domain: int = Field(4, gt=0)
-    seed: int = 0
+    seed: int = Field(0, ge=0, description="seed of the document sampling (an integer >= 0)")
     separator: Literal["eos", "bos", "bos_eos", "none"] = Field(
         "eos", description="how packed documents are joined: EOS after each, BOS before each, both, or nothing"
     )
@@ -191,7 +197,8 @@ class QuantSpec(Strict):
 
 
 class Candidate(Strict):
-    name: str = Field(pattern=r"^[a-z0-9][a-z0-9_.-]*$")
+    name: str = Field(pattern=r"^[a-z0-9][a-z0-9_.-]*$", max_length=NAME_MAX,
+                      description=f"candidate name used in folder names, records and tables (at most {NAME_MAX} characters)")
     quant: QuantSpec | None = Field(None, description="emulated quantization applied to the reference checkpoint")
     checkpoint: str | None = Field(None, description="a real quantized checkpoint (GGUF file or folder) instead")
     imatrix: str | None = Field(None, description="a llama.cpp importance matrix (llama-imatrix's GGUF or legacy .dat) "
@@ -231,9 +238,10 @@ class NoiseFloor(Strict):
 
 class ReportConfig(Strict):
     resamples: int = Field(10_000, ge=100, description="bootstrap resamples B")
-    seed: int = 0
+    seed: int = Field(0, ge=0, description="seed of the bootstrap resamples (an integer >= 0)")
     confidence: float = Field(0.95, gt=0.5, lt=1)
-    quantiles: list[float] = Field(default_factory=lambda: [0.5, 0.9, 0.99, 0.999])
+    quantiles: list[Annotated[float, Field(gt=0, lt=1)]] = Field(
+        default_factory=lambda: [0.5, 0.9, 0.99, 0.999], description="KLD quantiles reported, each strictly between 0 and 1")
     gates: Gates = Field(default_factory=Gates)
     base_model: str | None = Field(None, description="model-card base_model; defaults to model.id")
     card_template: str | None = Field(None, description="a jinja2 template replacing the card's markdown body")
@@ -244,7 +252,8 @@ class ReportConfig(Strict):
 class Config(Strict):
     """A whole evaluation: which model, which data, which candidates, how to report."""
 
-    run: str = Field(pattern=r"^[A-Za-z0-9][A-Za-z0-9_.-]*$", description="run name: results/<run>/, reports/<run>/")
+    run: str = Field(pattern=r"^[A-Za-z0-9][A-Za-z0-9_.-]*$", max_length=NAME_MAX,
+                     description=f"run name: results/<run>/, reports/<run>/ (at most {NAME_MAX} characters)")
     strict: bool = Field(False, description="require 40-hex revisions for every model and dataset")
     model: ModelRef
     domains: list[Domain] = Field(min_length=1)
@@ -320,8 +329,116 @@ def parse_config(data: Any, *, origin: str = "config") -> Config:
         raise FidevalError(f"{origin}: {_format_error(first)}{more}", hint="see docs/config.md") from None
 
 
-def load_config(path: str | Path) -> Config:
-    """Read and validate a YAML config file; raise :class:`FidevalError` with one line on any problem."""
+class ConfigShapeError(yaml.YAMLError):
+    """A YAML document :class:`ConfigLoader` refuses although YAML allows it: ``line`` (1-based), what, and the fix."""
+
+    def __init__(self, line: int, what: str, hint: str):
+        super().__init__(f"line {line}: {what}")
+        self.line, self.what, self.hint = line, what, hint
+
+
+class ConfigLoader(yaml.SafeLoader):
+    """``yaml.safe_load``'s loader (the same tags and types: no ``!!python/...``) with two refusals PyYAML lacks:
+
+    * a key given twice in one mapping (PyYAML keeps the last one, silently; merge keys ``<<`` may still be
+      overridden, as YAML means them to be);
+    * nesting deeper than :data:`fideval.formats.nesting.MAX_DEPTH` levels, counted while composing (PyYAML
+      recurses, and fails with a ``RecursionError`` traceback a few hundred levels down), and again through
+      aliases (an alias of a deep node in a deep place; an alias inside the node it names is refused too).
+    """
+
+    def __init__(self, stream: Any):
+        super().__init__(stream)
+        self._levels = 0
+
+    def _enter(self) -> None:
+        self._levels += 1
+        if self._levels > MAX_DEPTH:
+            raise ConfigShapeError(self.peek_event().start_mark.line + 1, f"is nested deeper than {MAX_DEPTH} levels",
+                                   "a config is a few levels deep (docs/config.md); fix the file")
+
+    def compose_sequence_node(self, anchor: Any) -> Any:
+        self._enter()
+        try:
+            return super().compose_sequence_node(anchor)
+        finally:
+            self._levels -= 1
+
+    def compose_mapping_node(self, anchor: Any) -> Any:
+        self._enter()
+        try:
+            return super().compose_mapping_node(anchor)
+        finally:
+            self._levels -= 1
+
+    def compose_document(self) -> Any:
+        node = super().compose_document()
+        if node is not None:
+            self._check_tree(node)
+        return node
+
+    def _key(self, node: Any) -> Any:
+        """A scalar key as the constructor will build it (so ``1`` and ``0x1`` are one key), else its text."""
+        make = self.yaml_constructors.get(node.tag)
+        try:
+            key = make(self, node) if make is not None else (node.tag, node.value)
+            hash(key)
+            return key
+        except Exception:  # noqa: BLE001 -- the constructor reports a bad key itself, later
+            return (node.tag, node.value)
+
+    def _check_tree(self, root: Any) -> None:
+        """Each mapping's keys once, and every node's height (aliases followed, each node measured once)."""
+        heights: dict[int, int] = {}
+        open_: set[int] = set()
+
+        def visit(node: Any, level: int, path: list[str]) -> int:
+            if isinstance(node, yaml.ScalarNode):
+                return 0
+            key = id(node)
+            where = node.start_mark.line + 1
+            if key in open_:
+                raise ConfigShapeError(where, f"an alias makes '{'.'.join(path) or 'the top level'}' contain itself",
+                                       "a config holds no recursive structure; remove the alias")
+            if key in heights:
+                if level - 1 + heights[key] > MAX_DEPTH:
+                    raise ConfigShapeError(where, f"is nested deeper than {MAX_DEPTH} levels (through an alias)",
+                                           "a config is a few levels deep (docs/config.md); fix the file")
+                return heights[key]
+            if level > MAX_DEPTH:
+                raise ConfigShapeError(where, f"is nested deeper than {MAX_DEPTH} levels (through an alias)",
+                                       "a config is a few levels deep (docs/config.md); fix the file")
+            open_.add(key)
+            children: list[tuple[Any, list[str]]] = []
+            if isinstance(node, yaml.MappingNode):
+                seen: dict[Any, int] = {}
+                for k, v in node.value:
+                    if k.tag == "tag:yaml.org,2002:merge":
+                        children.append((v, path))
+                        continue
+                    label = str(k.value) if isinstance(k, yaml.ScalarNode) else "?"
+                    if isinstance(k, yaml.ScalarNode):
+                        name = self._key(k)
+                        if name in seen:
+                            raise ConfigShapeError(k.start_mark.line + 1, f"key '{'.'.join([*path, label])}' is given "
+                                                   f"twice (first on line {seen[name]})",
+                                                   "keep one: YAML would silently keep the last")
+                        seen[name] = k.start_mark.line + 1
+                    children += [(k, [*path, label]), (v, [*path, label])]
+            else:
+                children = [(v, [*path, str(i)]) for i, v in enumerate(node.value)]
+            h = 1 + max((visit(c, level + 1, p) for c, p in children), default=0)
+            open_.discard(key)
+            heights[key] = h
+            return h
+
+        visit(root, 1, [])
+
+
+def read_yaml(path: str | Path) -> Any:
+    """A YAML config file's data as ``yaml.safe_load`` gives it (:class:`ConfigLoader`: the same tags), with a key
+    given twice and nesting deeper than MAX_DEPTH refused; every problem one :class:`FidevalError` line naming the
+    file (and line)."""
     path = Path(path)
     try:
         text = path.read_text(encoding="utf-8")
@@ -332,12 +449,22 @@ def load_config(path: str | Path) -> Config:
     except OSError as e:
         raise FidevalError(f"cannot read config {path}: {e.strerror}", hint="give a readable YAML file") from None
     try:
-        data = yaml.safe_load(text)
+        return yaml.load(text, Loader=ConfigLoader)  # noqa: S506 -- ConfigLoader is a SafeLoader
+    except ConfigShapeError as e:
+        raise FidevalError(f"{path}: line {e.line} {e.what}" if e.what.startswith("is ") else f"{path}: line {e.line}: {e.what}",
+                           hint=e.hint) from None
     except yaml.YAMLError as e:
         mark = getattr(e, "problem_mark", None)
         where = f" line {mark.line + 1}" if mark else ""
         raise FidevalError(f"{path}:{where} is not valid YAML", hint="fix the syntax") from None
-    return parse_config(data, origin=str(path))
+    except RecursionError:  # not reached while ConfigLoader bounds the depth; kept so no document is a traceback
+        raise FidevalError(f"{path} is nested deeper than {MAX_DEPTH} levels",
+                           hint="a config is a few levels deep (docs/config.md); fix the file") from None
+
+
+def load_config(path: str | Path) -> Config:
+    """Read and validate a YAML config file; raise :class:`FidevalError` with one line on any problem."""
+    return parse_config(read_yaml(path), origin=str(path))
 
 
 def check_files(cfg: Config) -> list[str]:
@@ -395,7 +522,9 @@ def markdown_reference() -> str:
     out = ["# Config reference", "",
            "Generated from `fideval/config.py` by `fideval schema --format markdown`; do not edit by hand.",
            "Unknown keys are errors. Relative paths resolve against the working directory; `demo://x` names a",
-           "packaged demo asset; `hf://ORG/NAME` names a Hub repository fetched at its `revision`.", ""]
+           "packaged demo asset; `hf://ORG/NAME` names a Hub repository fetched at its `revision`. Every number is",
+           f"finite (`.nan`, `.inf` are refused); a key given twice in one mapping, and nesting deeper than {MAX_DEPTH} levels,",
+           "are refused too. The JSON schema (`fideval schema`) holds every bound (minimum, maximum, pattern, length).", ""]
     for title, model in sections:
         out += [f"## {title}", "", "| key | type | default | meaning |", "| --- | --- | --- | --- |"]
         for name, info in model.model_fields.items():

@@ -21,18 +21,14 @@ from typing import Any
 
 import yaml
 
-from fideval.config import Config, load_config, parse_config
+from fideval.config import Config, load_config, parse_config, read_yaml
 from fideval.errors import FidevalError
 
 HINT = "see docs/config.md; 'fideval schema' prints the JSON schema"
 
 
 def _read(path: Path) -> dict[str, Any]:
-    try:
-        data = yaml.safe_load(path.read_text(encoding="utf-8"))
-    except (OSError, UnicodeDecodeError, yaml.YAMLError):
-        load_config(path)  # the same file's one-line error
-        raise
+    data = read_yaml(path)  # load_config's reader: the same one-line errors, keys given twice and deep nesting refused
     if not isinstance(data, dict):
         raise FidevalError(f"{path}: the config must be a mapping of keys to values", hint=HINT)
     return data

@@ -19,7 +19,7 @@ import numpy as np
 import pytest
 import yaml
 from cli_runner import run_fideval
-from model_fixtures import build
+from model_fixtures import build_config, configs
 
 ROOT = Path(__file__).resolve().parent.parent
 DEMO_MODEL = ROOT / "fideval" / "demo" / "assets" / "model"
@@ -33,6 +33,14 @@ def with_tokenizer(folder: Path, src: Path = DEMO_MODEL) -> Path:
     for f in TOKENIZER_FILES:
         shutil.copy(src / f, folder / f)
     return folder
+
+
+def build(name: str, folder: Path) -> Path:
+    """A tiny random checkpoint with the demo tokenizer's vocabulary (4,096): validate refuses a tokenizer larger
+    than the model's vocab_size."""
+    cfg = configs()[name]
+    cfg.vocab_size = 4096
+    return build_config(cfg, folder)
 
 
 @pytest.fixture(scope="module")
@@ -244,17 +252,17 @@ def _free(monkeypatch, free: int) -> None:
 
 
 def test_teacher_stores_larger_than_the_free_space(models, tmp_path, monkeypatch):
-    # 1 domain x 2 windows x 256 tokens = 512 rows x vocab 96 x 4 B = 196,608 B per length, two lengths
-    _free(monkeypatch, 300_000)
-    line = refused(config(tmp_path, models.llama), "teacher.lengths", "the teacher stores need 393 kB more",
-                   f"and {tmp_path} has 300 kB free")
+    # 1 domain x 2 windows x 256 tokens = 512 rows x vocab 4,096 x 4 B = 8,388,608 B per length, two lengths
+    _free(monkeypatch, 12_000_000)
+    line = refused(config(tmp_path, models.llama), "teacher.lengths", "the teacher stores need 16.8 MB more",
+                   f"and {tmp_path} has 12 MB free")
     assert "windows_per_domain" in line
     # a resumed run needs only what is not written yet; nearest existing parent of results/v/ is measured
     shard = tmp_path / "results" / "v" / "teacher" / "windows" / "code" / "shards" / "x.safetensors"
     shard.parent.mkdir(parents=True)
-    shard.write_bytes(bytes(196_608))
+    shard.write_bytes(bytes(8_388_608))
     r = validate(config(tmp_path, models.llama))
-    assert r.code == 0 and "teacher stores: 2 x 512 rows x 96 x 4 B = 393 kB" in r.stdout, r.stderr
+    assert r.code == 0 and "teacher stores: 2 x 512 rows x 4,096 x 4 B = 16.8 MB" in r.stdout, r.stderr
 
 
 # -- 8. several problems: one line each, then the count -----------------------------------------------------------
@@ -357,7 +365,7 @@ def test_hub_model_found_through_HF_HUB_CACHE_or_noted_when_absent(models, tmp_p
     cache = hub_cache(tmp_path / "hub", "test/tiny", files)
     env = {"HF_HUB_CACHE": str(cache), "HF_HUB_OFFLINE": "1"}
     ok = validate(config(tmp_path, "hf://test/tiny"), env=env, fresh_process=True)
-    assert ok.code == 0 and "teacher stores: 2 x 512 rows x 96 x 4 B" in ok.stdout, ok.stderr
+    assert ok.code == 0 and "teacher stores: 2 x 512 rows x 4,096 x 4 B" in ok.stdout, ok.stderr
     cand = [{"name": "c", "quant": {"routed_experts": {"format": "mxfp4"}}}]
     bad = validate(config(tmp_path, "hf://test/tiny", candidates=cand), env=env, fresh_process=True)
     assert "'candidates.c.quant.routed_experts': quant spec names module class(es) routed_experts" in bad.error()

@@ -12,7 +12,8 @@ from fideval.validate import Problem
 
 def validate(config: Annotated[Path, typer.Argument(help="YAML config to check")]) -> None:
     """Check a config before a long run: unknown keys, bad values, missing files, and what the stages would
-    refuse later (quant specs, module classes, architecture, real builds, tokenizer, model parallel, disk)."""
+    refuse later (quant specs, module classes, architecture, missing shards, lengths past the model's positions,
+    real builds, tokenizer and its size, model parallel, disk with the noise floor); notes on too few windows."""
     from fideval.config import load_config
     from fideval.validate import check_config
 

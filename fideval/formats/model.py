@@ -23,6 +23,7 @@ import typing
 from typing import Any, ClassVar
 
 from fideval.errors import FidevalError
+from fideval.formats import nesting
 
 _NO_DEFAULT = dataclasses.MISSING
 
@@ -143,8 +144,12 @@ def parse(cls: type, obj: Any, origin: str, at: str = "") -> Any:
     ``at`` names where ``obj`` sits in its file when it is a block of a larger one (messages say ``at.key``).
 
     A version this fideval does not read names itself as older or newer, so the user knows which side to move.
+    A document nested deeper than :data:`fideval.formats.nesting.MAX_DEPTH` levels is refused first (read files
+    with :func:`fideval.formats.nesting.loads`, which also turns ``json``'s ``RecursionError`` into that refusal).
     """
     hint = cls.HINT
+    if nesting.depth(obj) > nesting.MAX_DEPTH:  # a reader that decoded it with json.loads: bounded here too
+        raise FidevalError(f"{origin}{f' {at}' if at else ''} is nested deeper than {nesting.MAX_DEPTH} levels", hint=hint)
     if cls.FORMAT is not None:
         fmt = obj.get("format") if isinstance(obj, dict) else None
         if fmt != cls.FORMAT:

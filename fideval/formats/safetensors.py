@@ -3,7 +3,8 @@
 Three places read safetensors headers (the layer-by-layer checkpoint reader, the logit-store shards, the
 shape-only inspection of a checkpoint) and they used to parse them three ways. The layout is simple (an
 8-byte little-endian length ``n``, ``n`` bytes of JSON, then the data), so we parse it here, without
-``safetensors.safe_open``: a hostile length is refused before a byte is read past it, and an entry whose
+``safetensors.safe_open``: a hostile length is refused before a byte is read past it, a header nested deeper than
+:data:`fideval.formats.nesting.MAX_DEPTH` levels is refused (not a ``RecursionError``), and an entry whose
 dtype, shape and byte range disagree, or that leaves the file, is refused with its name. Callers add what
 the file is (a checkpoint, a shard) to the message and their own fix: :class:`HeaderError` carries only
 *what* is wrong.
@@ -16,6 +17,8 @@ import math
 import os
 from dataclasses import dataclass
 from pathlib import Path
+
+from fideval.formats import nesting
 
 # bits per element of every safetensors dtype fideval reads (the F8 variants included)
 DTYPE_BITS = {"F64": 64, "F32": 32, "BF16": 16, "F16": 16, "F8_E4M3": 8, "F8_E5M2": 8, "F8_E8M0": 8, "I64": 64,
@@ -87,7 +90,9 @@ def parse(prefix: bytes | memoryview, file_bytes: int, max_header: int = MAX_HEA
     if len(prefix) < 8 + n:
         raise HeaderError("header truncated")
     try:
-        raw = json.loads(bytes(prefix[8:8 + n]).decode("utf-8"))
+        raw = nesting.loads(bytes(prefix[8:8 + n]).decode("utf-8"))
+    except nesting.TooDeep:  # json's own RecursionError included: a hostile header is one line too
+        raise HeaderError(f"header is nested deeper than {nesting.MAX_DEPTH} levels") from None
     except (UnicodeDecodeError, json.JSONDecodeError):
         raise HeaderError("header is not valid JSON") from None
     if not isinstance(raw, dict):

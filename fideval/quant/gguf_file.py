@@ -72,6 +72,67 @@ def check_gguf_header(path: str | Path) -> None:
     if _HEAD + n_kv * _MIN_KV + n_tensors * _MIN_TENSOR > size:
         raise FidevalError(f"{path}: header claims {n_tensors} tensors and {n_kv} metadata keys, more than "
                            f"{size} bytes can hold", hint=_FIX)
+    _check_array_nesting(path, order, n_kv, size)
+
+
+# bytes of each fixed-size GGUF metadata value type (gguf.GGUFValueType): u8 i8 u16 i16 u32 i32 f32 bool u64 i64 f64
+_FIXED = {0: 1, 1: 1, 2: 2, 3: 2, 4: 4, 5: 4, 6: 4, 7: 1, 10: 8, 11: 8, 12: 8}
+_STRING, _ARRAY = 8, 9
+
+
+def _check_array_nesting(path: str | Path, order: str, n_kv: int, size: int) -> None:
+    """Refuse metadata arrays of arrays nested deeper than MAX_DEPTH before gguf-py reads them: its reader recurses
+    once per level and fails with ``RecursionError`` near 1,000 (12 bytes a level: a 12 kB file does it). The walk
+    is iterative and reads only the metadata section; where the file stops making sense (an unknown value type, a
+    length past its end) it stops, and gguf-py's own reading reports the file."""
+    import mmap
+    import struct
+
+    from fideval.formats.nesting import MAX_DEPTH
+
+    u32, u64 = struct.Struct("<I" if order == "little" else ">I"), struct.Struct("<Q" if order == "little" else ">Q")
+    try:
+        with open(path, "rb") as f, mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ) as m:
+            off = _HEAD
+            for _ in range(n_kv):
+                if off + 8 > size:
+                    return
+                klen = u64.unpack_from(m, off)[0]
+                key_at, off = off + 8, off + 8 + klen
+                if off + 4 > size:
+                    return
+                frames = [[u32.unpack_from(m, off)[0], 1]]  # [value type, values left] per open array (and the value)
+                off += 4
+                while frames:
+                    top = frames[-1]
+                    kind, left = top
+                    if left == 0:
+                        frames.pop()
+                    elif kind in _FIXED:
+                        off += _FIXED[kind] * left
+                        top[1] = 0
+                    elif kind == _STRING:
+                        if off + 8 > size:
+                            return
+                        off += 8 + u64.unpack_from(m, off)[0]
+                        top[1] -= 1
+                    elif kind == _ARRAY:
+                        if off + 12 > size:
+                            return
+                        top[1] -= 1
+                        frames.append([u32.unpack_from(m, off)[0], u64.unpack_from(m, off + 4)[0]])
+                        off += 12
+                        if len(frames) - 1 > MAX_DEPTH:
+                            name = bytes(m[key_at:key_at + min(klen, 80)]).decode("utf-8", "replace")
+                            raise FidevalError(f"{path}: metadata key {name!r} nests arrays deeper than {MAX_DEPTH} "
+                                               "levels", hint="no llama.cpp file does; the file is damaged or not "
+                                               "from llama.cpp: re-download it")
+                    else:
+                        return
+                    if off > size:
+                        return
+    except (OSError, ValueError):  # an unreadable or empty file: gguf-py's own reading says so
+        return
 
 
 def _reader(path: str | Path):

@@ -5,7 +5,6 @@ exactly as :class:`fideval.model.runner.Runner` builds them before it reads a by
 
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -57,8 +56,12 @@ def model_folder(cfg: Config, found: Findings) -> Path | None:
 
 
 def _read_config(p: Path) -> dict:
+    from fideval.formats import nesting
+
     try:
-        data = json.loads(p.read_text())
+        data = nesting.loads(p.read_text())
+    except nesting.TooDeep as e:  # before transformers' own json.load meets it (a RecursionError there)
+        raise FidevalError(f"{p} is {e}", hint="fix or re-download config.json") from None
     except (OSError, ValueError) as e:
         raise FidevalError(f"{p} is not valid JSON ({type(e).__name__})", hint="fix or re-download config.json") from None
     if not isinstance(data, dict):
@@ -123,18 +126,95 @@ def _meta_layers(p: Probe) -> None:
     p.tensors["lm_head.weight"] = ("lm_head", (a.vocab_size, int(a.config.hidden_size)))
 
 
-def _weights_here(folder: Path) -> bool:
-    """True when every safetensors file of the checkpoint is in ``folder`` (a Hub snapshot may be partial)."""
-    from fideval.model.weights.checkpoint import INDEX, SINGLE
+def _index_shards(folder: Path) -> tuple[Path, list[str]] | None:
+    """``model.safetensors.index.json`` of ``folder`` and the shard files its weight_map names (sorted), None without
+    an index; an unreadable index (or one nested deeper than any index is) raises the checkpoint reader's line."""
+    from fideval.formats import nesting
+    from fideval.model.weights.checkpoint import INDEX
 
     index = folder / INDEX
-    if index.is_file():
-        try:
-            shards = set(json.loads(index.read_text())["weight_map"].values())
-        except (OSError, ValueError, KeyError, TypeError, AttributeError):
-            return False
-        return all((folder / s).is_file() for s in shards)
+    if not index.is_file():
+        return None
+    try:
+        weight_map = nesting.loads(index.read_text())["weight_map"]
+        return index, sorted({str(v) for v in weight_map.values()})
+    except (OSError, ValueError, KeyError, TypeError, AttributeError):
+        raise FidevalError(f"{index} has no valid weight_map", hint="re-download the checkpoint") from None
+
+
+def _missing_shards(folder: Path, shards: list[str]) -> list[str]:
+    """The shards that are not files of ``folder`` itself (the checkpoint reader's rule: missing or outside it)."""
+    inside = folder.resolve()
+    return [s for s in shards if (folder / s).resolve().parent != inside or not (folder / s).is_file()]
+
+
+def _weights_here(folder: Path) -> bool:
+    """True when every safetensors file of the checkpoint is in ``folder`` (a Hub snapshot may be partial)."""
+    from fideval.model.weights.checkpoint import SINGLE
+
+    try:
+        found = _index_shards(folder)
+    except FidevalError:
+        return False
+    if found is not None:
+        return not _missing_shards(folder, found[1])
     return (folder / SINGLE).is_file()
+
+
+def check_shards(cfg: Config, p: Probe, found: Findings) -> None:
+    """A local reference checkpoint's ``model.safetensors.index.json`` names only shards that are in its folder (what
+    the teacher's checkpoint reader refuses when it opens the folder). A Hub snapshot may lack shards: the stage
+    fetches them."""
+    from fideval.config import is_hub
+
+    if p.folder is None or p.config is None or is_hub(cfg.model.path):
+        return
+    try:
+        index = _index_shards(p.folder)
+    except FidevalError as e:
+        found.add("model.path", e)
+        return
+    if index is None:
+        return
+    path, shards = index
+    missing = _missing_shards(p.folder, shards)
+    if missing:
+        found.add("model.path", f"{path} names shard {missing[0]!r}, which is missing or outside the folder "
+                  f"({len(missing)} of {len(shards)} shards)", hint="download every shard listed in the index")
+
+
+def max_positions(p: Probe) -> tuple[int, str] | None:
+    """The positions the model is built for, and where that number comes from: config.json's (or its
+    ``text_config``'s) ``max_position_embeddings``, times the rope scaling factor where a linear, dynamic or YaRN
+    scaling extends it past the original length (as serving engines derive it; DeepSeek-V3's 163,840 already is)."""
+    cfg = p.config or {}
+    if "max_position_embeddings" not in cfg and isinstance(cfg.get("text_config"), dict):
+        cfg = cfg["text_config"]
+    v = cfg.get("max_position_embeddings", getattr(getattr(p.adapter, "config", None), "max_position_embeddings", None))
+    if not isinstance(v, int) or isinstance(v, bool) or v <= 0:
+        return None
+    rope = cfg.get("rope_scaling") or cfg.get("rope_parameters")
+    if isinstance(rope, dict) and (rope.get("rope_type") or rope.get("type")) in ("linear", "dynamic", "yarn"):
+        factor, orig = rope.get("factor"), rope.get("original_max_position_embeddings") or v
+        if isinstance(factor, (int, float)) and isinstance(orig, (int, float)) and factor > 1 and orig * factor > v:
+            return int(orig * factor), "config.json max_position_embeddings with its rope scaling factor"
+    return v, "config.json max_position_embeddings"
+
+
+def check_positions(cfg: Config, p: Probe, found: Findings) -> None:
+    """Each length the teacher runs (``teacher.lengths``) fits the model's positions: a window or cut longer than
+    ``max_position_embeddings`` would be computed past what the model was built for (rope tables, learned
+    positions), or fail mid-run."""
+    found_limit = max_positions(p)
+    if found_limit is None:
+        return
+    limit, source = found_limit
+    w = cfg.windows
+    for length, tokens, key in (("windows", w.window_tokens, "windows.window_tokens"), ("cuts", w.cut_tokens, "windows.cut_tokens")):
+        if length in cfg.teacher.lengths and tokens > limit:
+            found.add(key, f"{length} of {tokens:,} tokens are longer than the model's {limit:,} positions "
+                      f"({source})",
+                      hint=f"lower {key} to {limit} or less, or leave '{length}' out of teacher.lengths")
 
 
 def _classes(p: Probe) -> set[str]:

@@ -1,6 +1,8 @@
 """The tokenizer the windows stage will load (``model.tokenizer``, else the model folder), loaded with the
 stage's own :func:`fideval.windows.encode.load_tokenizer` and wrapped in its :class:`Encoder`, so a missing
-tokenizer, a separator without its BOS/EOS token, or a chat domain without a chat template is refused now.
+tokenizer, a separator without its BOS/EOS token, or a chat domain without a chat template is refused now; and a
+tokenizer with more tokens (added tokens included) than the model's ``vocab_size``, whose ids past the embedding
+the teacher would fail on.
 """
 
 from __future__ import annotations
@@ -12,6 +14,7 @@ from fideval.validate.findings import Findings
 
 if TYPE_CHECKING:
     from fideval.config import Config
+    from fideval.validate.model import Probe
 
 
 # A Hub snapshot holds a tokenizer when it has one of these (what AutoTokenizer reads first).
@@ -37,7 +40,7 @@ def _folder(cfg: Config, found: Findings):
     return None
 
 
-def check(cfg: Config, found: Findings) -> None:
+def check(cfg: Config, found: Findings, probe: Probe | None = None) -> None:
     from fideval.windows.encode import Encoder, load_tokenizer
 
     folder = _folder(cfg, found)
@@ -49,6 +52,11 @@ def check(cfg: Config, found: Findings) -> None:
     except FidevalError as e:
         found.add(key, e)
         return
+    vocab = probe.vocab_size if probe is not None else None
+    if vocab is not None and len(tok) > vocab:  # len(): the base vocabulary and every added token
+        found.add(key, f"the tokenizer in {folder} has {len(tok):,} tokens (added tokens included), more than the model's "
+                  f"vocab_size of {vocab:,}: an id from {vocab:,} on has no row in the embedding or the logits",
+                  hint="give the tokenizer this model was trained with (model.tokenizer)")
     try:
         enc = Encoder(tok, cfg.windows.separator)
     except FidevalError as e:
