@@ -3,7 +3,9 @@
 The verbs are plain functions in ``fideval/commands/`` (their shared options in ``commands/options.py``);
 :data:`VERBS` registers them, in the order of the pipeline, which is the order ``--help`` lists them in.
 Heavy imports (torch, polars, datasets...) live inside the verbs so that ``fideval --help`` is instant.
-A :class:`~fideval.errors.FidevalError` becomes one line on stderr and exit status 2.
+A :class:`~fideval.errors.FidevalError` becomes one line on stderr and exit status 2. Ctrl-C, and SIGTERM (what
+SLURM and Kubernetes send to stop a job; :class:`~fideval.errors.StopSignals`), become one line saying what was kept
+and how to resume, and exit status 130 (SIGINT) or 143 (SIGTERM).
 """
 
 from __future__ import annotations
@@ -14,7 +16,7 @@ import sys
 import typer
 
 from fideval.commands import config_cmd, fused, quant, report, score, selftest, store, teacher, windows
-from fideval.errors import FidevalError, Interrupted
+from fideval.errors import FidevalError, Interrupted, StopSignals
 
 app = typer.Typer(
     name="fideval",
@@ -86,17 +88,25 @@ _register()
 
 
 def main() -> None:
-    try:
-        app()
-    except Interrupted as e:
-        print(f"fideval: {e.line()}", file=sys.stderr)
-        sys.exit(130)
-    except FidevalError as e:
-        print(f"fideval: error: {e.line()}", file=sys.stderr)
-        sys.exit(2)
-    except KeyboardInterrupt:  # between verbs' own handling (while importing, parsing options)
-        print("fideval: interrupted", file=sys.stderr)
-        sys.exit(130)
+    """Run the command line; SIGTERM (a scheduler stopping the job) takes the path of Ctrl-C (exit 143, not 130)."""
+    with StopSignals() as stop:
+        try:
+            app()
+        except Interrupted as e:
+            print(f"fideval: {stop.named(e.line())}", file=sys.stderr)
+            sys.exit(stop.status())
+        except FidevalError as e:
+            print(f"fideval: error: {e.line()}", file=sys.stderr)
+            sys.exit(2)
+        except KeyboardInterrupt:  # between verbs' own handling (while importing, parsing options)
+            print(f"fideval: {stop.named('interrupted')}", file=sys.stderr)
+            sys.exit(stop.status())
+        except SystemExit as e:
+            # typer turns a KeyboardInterrupt outside the verbs (parsing options) into a silent exit 130
+            if stop.signum is not None and e.code == 130:
+                print(f"fideval: {stop.named('interrupted')}", file=sys.stderr)
+                sys.exit(stop.status())
+            raise
 
 
 if __name__ == "__main__":

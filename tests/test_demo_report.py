@@ -34,6 +34,7 @@ def windows(tmp_path_factory) -> Path:
 
 def test_card_regenerates_byte_identical(tmp_path):
     shutil.copy(DEMO / "report.json", tmp_path / "report.json")
+    shutil.copytree(DEMO / "plots", tmp_path / "plots")  # the card links only the plots that are beside it
     fideval("card", str(tmp_path / "report.json"), "--candidate", "mxfp4", "--out", str(tmp_path / "README.md"))
     assert (tmp_path / "README.md").read_bytes() == (DEMO / "README.md").read_bytes()
 

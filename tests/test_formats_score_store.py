@@ -14,14 +14,15 @@ from fideval.store.manifest import read_manifest
 
 SCORE = {"format": "fideval.score", "version": 1, "candidate": "q4", "path": "store", "length": 64, "rows": 126,
          "teacher": {"store": "t", "model_id": "org/m", "model_revision": "abc", "manifest_sha256": None, "kind": "logits",
-                     "lossy": "llama.cpp uint16 log-probs"},
+                     "lossy": "llama.cpp uint16 log-probs", "settings_sha256": "4" * 64, "shards": {"code-000": "0" * 64}},
          "cpu_check": {"rows_checked": 4, "max_rel_diff": 1e-14, "tolerance": 2e-12, "every": 1000, "worst": None},
          "self_check": None, "nonfinite_rows": 0, "on_nonfinite": "fail", "device": "cpu", "kernel": "torch",
          "figures": ["kld"], "records": "records.parquet", "candidate_info": None, "tool": {"name": "fideval"},
          "lossy_rule": "llama.cpp uint16 log-prob encoding applied to the candidate",
          "profile": {"wall_s": 2.0, "parts": {"read_back": 0.5, "scoring": 1.25, "other": 0.25}, "other_fraction": 0.125,
                      "device": "cpu", "tokens": None, "tokens_per_s": None, "model_flops": None, "peak_tflops": None,
-                     "flop_utilisation": None, "hidden": None}}
+                     "flop_utilisation": None, "hidden": None},
+         "records_sha256": "2" * 64, "sequences": {"code-000": "3" * 64}, "candidate_sha256": None}
 ENTRY = {"file": "shards/code-000.safetensors", "sha256": "0" * 64, "bytes": 100, "rows": 8, "tokens": 8,
          "row_start": 0, "window_id": "code-000", "domain": "code"}
 MANIFEST = {"format": "fideval.store", "version": "1",

@@ -37,7 +37,7 @@ def demo(tmp_path_factory):
     root = tmp_path_factory.mktemp("rep")
     windows = syn.window_ids(DOMAINS, 4)
     dirs = make_records(root, windows)
-    syn.write_eval_windows(root, windows + [("legal-000", "legal")], 256)
+    syn.write_eval_windows(root, windows, 256)
     return root, dirs
 
 
@@ -64,7 +64,7 @@ def _frame(dirs, i):
 def test_figures_match_independent_computation(demo, report):
     root, dirs = demo
     rep, _ = report
-    assert rep["format"] == "fideval.report" and rep["version"] == 2
+    assert rep["format"] == "fideval.report" and rep["version"] == 3
     by_key = {(r["candidate"], r["path"], r["length"]): r for r in rep["results"]}
     df = _frame(dirs, 0)  # q4 serving 256
     r = by_key[("q4", "serving", 256)]
@@ -84,16 +84,7 @@ def test_figures_match_independent_computation(demo, report):
     dom = df.group_by("domain").agg(pl.col("kld").mean()).sort("domain")
     for d, m in zip(dom["domain"], dom["kld"]):
         assert r["domains"][d]["mean_kld"]["estimate"] == pytest.approx(m, rel=1e-12)
-    # a domain listed in eval-windows.json without rows: kept, null figures, flagged
-    assert r["domains"]["legal"] == {
-        "rows": 0,
-        "clusters": 0,
-        "mean_kld": None,
-        "top1": None,
-        "kld_quantiles": None,
-        "flags": ["no_rows"],
-    }
-    assert rep["provenance"]["dataset"]["windows_without_rows"] == ["legal-000"]
+    assert rep["coverage"]["complete"] is True and rep["provenance"]["dataset"]["windows_without_rows"] == []
     pos = df.filter(pl.col("position") < 16)["kld"].mean()
     assert r["positions"][0]["start"] == 0 and r["positions"][0]["mean_kld"]["estimate"] == pytest.approx(
         pos, rel=1e-12
@@ -112,7 +103,7 @@ def test_figures_match_independent_computation(demo, report):
     assert (ln["numerator"], ln["denominator"]) == (64, 256)
     assert ln["estimate"] == pytest.approx(_frame(dirs, 3)["kld"].mean() / df["kld"].mean(), rel=1e-12)
     sha = {w["id"]: w["token_sha256"] for w in rep["provenance"]["dataset"]["windows"]}
-    assert len(sha) == 13 and all(len(s) == 64 for s in sha.values())
+    assert len(sha) == 12 and all(len(s) == 64 for s in sha.values())
 
 
 def test_report_interval_equals_scipy_for_one_domain(tmp_path):
@@ -286,6 +277,7 @@ def test_checks_and_gates(tmp_path):
         "cpu_check": "fail",
         "nonfinite_rows": "pass",
         "windows_match": "not_run",
+        "coverage": "not_run",  # no config and no windows: nothing was asked
     }
     top = next(c for c in rep["checks"] if c["name"] == "teacher_top1_range")
     assert "math-001@128: 1.000" in top["detail"]
@@ -297,11 +289,12 @@ def test_checks_and_gates(tmp_path):
     assert {r["candidate"] for r in rep["results"]} == {"q4", "teacher"}  # self-check records are not results
     code, _, err = run_fideval("check", str(out / "report.json"), "--max-mean-kld", "0.001", "--min-top1", "0.999")
     lines = err.strip().splitlines()
-    assert code == 1 and len(lines) == 4 + 1 + 2 + 2 and all(line.startswith("FAIL ") for line in lines)
+    # 4 failed checks, 2 not run (windows_match, coverage), then the gates' lines
+    assert code == 1 and len(lines) == 4 + 2 + 2 + 2 and all(line.startswith("FAIL ") for line in lines)
     assert "FAIL check windows_match not run: no eval-windows.json given" in lines[4]
     assert any("gate mean_kld_max failed: q4/serving/128" in line for line in lines)
     code, _, _ = run_fideval("check", str(out / "report.json"), "--out", str(tmp_path / "check.txt"))
-    assert code == 1 and (tmp_path / "check.txt").read_text().count("FAIL check") == 4 + 1
+    assert code == 1 and (tmp_path / "check.txt").read_text().count("FAIL check") == 4 + 2
 
 
 def test_check_passes_and_fails_on_gates(report):
@@ -312,7 +305,7 @@ def test_check_passes_and_fails_on_gates(report):
     assert code == 1 and err.count("FAIL check") == 2 and "--allow-not-run canary_identical" in err
     allow = [a for n in not_run for a in ("--allow-not-run", n)]
     code, stdout, _ = run_fideval("check", str(out), *allow)
-    assert code == 0 and "ok (4 checks passed, 2 not run (allowed)" in stdout
+    assert code == 0 and "ok (5 checks passed, 2 not run (allowed)" in stdout
     code, _, err = run_fideval("check", str(out), "--allow-not-run", "self_score_zero")
     assert code == 1 and err.count("FAIL") == 1 and "check canary_identical not run" in err
     code, _, err = run_fideval("check", str(out), "--allow-not-run", "canary")
@@ -361,6 +354,7 @@ def test_config_gates_settings_and_provenance(demo, tmp_path):
             f"  - {{name: {d}, source: {{type: local, path: x.jsonl, text_field: t}}}}\n" for d in DOMAINS
         )
         + "candidates:\n  - {name: q4, quant: {routed_experts: {format: mxfp4}}}\n"
+        "windows: {window_tokens: 256, cut_tokens: 64, windows_per_domain: 4}\nteacher: {lengths: [windows]}\n"
         "report: {resamples: 200, seed: 5, gates: {top1_min: 0.9999}}\n"
     )
     cfg.write_text(text)
@@ -405,7 +399,7 @@ def test_bad_inputs_are_one_line(demo, tmp_path):
     assert code == 2 and "sequence code-000 of q4/serving/256 is in both" in err
 
 
-@pytest.mark.parametrize("version,word", [(0, "an older"), (3, "a newer")])
+@pytest.mark.parametrize("version,word", [(0, "an older"), (4, "a newer")])
 def test_card_and_check_refuse_other_versions(report, tmp_path, version, word):
     rep, _ = report
     p = tmp_path / "report.json"
@@ -413,7 +407,7 @@ def test_card_and_check_refuse_other_versions(report, tmp_path, version, word):
     for verb in (["check", str(p)], ["card", str(p), "--out", str(tmp_path / "README.md")]):
         code, _, err = run_fideval(*verb)
         assert code == 2 and err.count("\n") == 1
-        assert f"report format version {version} ({word} fideval); this fideval reads version 1, 2" in err
+        assert f"report format version {version} ({word} fideval); this fideval reads version 1, 2, 3" in err
 
 
 def test_reads_the_scorers_writer_and_splits_lengths(tmp_path):
@@ -518,3 +512,32 @@ def test_candidate_provenance_in_report_and_one_build_per_name(tmp_path):
     code, _, err = run_fideval("report", *records_args(dirs), "--out", str(out), "--resamples", "100", "--no-plots")
     assert code == 2 and err.count("\n") == 1
     assert "candidate 'q':" in err and "were scored from different builds (they differ in manifest_sha256)" in err
+
+
+def test_a_window_without_rows_is_a_partial_report(demo, tmp_path):
+    """eval-windows.json lists a window (a whole domain) that no records set holds: the report is refused in one line;
+    with --allow-partial it is written, the domain kept with null figures and flagged, report.json's coverage says
+    partial, the coverage check fails and with it `fideval check`."""
+    root, dirs = demo
+    windows = syn.window_ids(DOMAINS, 4) + [("legal-000", "legal")]
+    syn.write_eval_windows(tmp_path, windows, 256)
+    args = ["report", *records_args(dirs), "--windows", str(tmp_path), "--resamples", "200", "--no-plots"]
+    code, _, err = run_fideval(*args, "--out", str(tmp_path / "refused"))
+    assert code == 2 and err.count("\n") == 1
+    assert "the records do not cover what was asked: q4/serving/256 lacks 1 of 13 sequences (domains legal; first legal-000)" in err
+    assert not (tmp_path / "refused" / "report.json").exists()
+    code, _, err = run_fideval(*args, "--allow-partial", "--out", str(tmp_path / "partial"))
+    assert code == 0, err
+    rep = json.loads((tmp_path / "partial" / "report.json").read_text())
+    r = next(r for r in rep["results"] if (r["candidate"], r["path"], r["length"]) == ("q4", "serving", 256))
+    assert r["domains"]["legal"] == {"rows": 0, "clusters": 0, "mean_kld": None, "top1": None, "kld_quantiles": None,
+                                     "flags": ["no_rows"]}
+    assert rep["provenance"]["dataset"]["windows_without_rows"] == ["legal-000"]
+    q4 = next(e for e in rep["coverage"]["sets"] if (e["candidate"], e["path"], e["length"]) == ("q4", "serving", 256))
+    assert rep["coverage"]["complete"] is False and q4 == {
+        "candidate": "q4", "path": "serving", "length": 256, "found": 12, "asked": 13, "missing": 1,
+        "missing_domains": ["legal"], "first_missing": "legal-000"}
+    check = next(c for c in rep["checks"] if c["name"] == "coverage")
+    assert check["status"] == "fail" and "lacks 1 of 13" in check["detail"]
+    code, _, err = run_fideval("check", str(tmp_path / "partial" / "report.json"), "--allow-not-run", "all")
+    assert code == 1 and "FAIL check coverage failed: q4/serving/256 lacks 1 of 13 sequences" in err

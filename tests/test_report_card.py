@@ -105,7 +105,7 @@ def test_card_parses_with_modelcard_and_matches_report(report_dir, tmp_path):
     ratio = next(c for c in rep["comparisons"]["builds"] if c["numerator"] == "q4" and c["path"] == "serving")
     assert f"| q8 | serving | 128 | {ratio['estimate']:.4g} [" in text
     assert "| mean KLD serving - weights-only | 128 tokens |" in text
-    assert ("4 of 6 integrity checks passed; not run (their inputs were not given, so nothing is claimed for them): "
+    assert ("5 of 7 integrity checks passed; not run (their inputs were not given, so nothing is claimed for them): "
             "self_score_zero, canary_identical.") in text
     assert "bits per weight 5.0; head bits 16.0" in text
     for p in (p for p in rep["plots"] if p["candidate"] == "q4"):

@@ -23,6 +23,9 @@ def report(
     resamples: Annotated[int | None, typer.Option("--resamples", min=100, help="bootstrap resamples (default: config or 10,000)")] = None,
     seed: Annotated[int | None, typer.Option("--seed", help="resampling seed (default: config or 0)")] = None,
     plots: Annotated[bool, typer.Option("--plots/--no-plots", help="write the PNG plots")] = True,
+    allow_partial: Annotated[bool, typer.Option(
+        "--allow-partial", help="write a report whose records do not cover what the config and windows ask for, marked "
+        "partial in report.json, the coverage check and the card (default: refuse it)")] = False,
 ) -> None:
     """Statistics of per-token records: cluster bootstrap-t intervals (BCa, Wilson beside), quantiles, comparisons,
     views, checks -> report.json."""
@@ -38,7 +41,8 @@ def report(
     built = build([str(options.folder_of(r, "records.parquet")) for r in records],
                   self_check_dirs=[str(options.folder_of(d, "records.parquet")) for d in self_check],
                   noise_dirs=[str(options.folder_of(d, "records.parquet")) for d in noise_floor], windows=win, cfg=cfg,
-                  manifests=[load_teacher_manifest(m) for m in teacher_manifest], settings=rc)
+                  manifests=[load_teacher_manifest(m) for m in teacher_manifest], settings=rc,
+                  allow_partial=allow_partial)
     path = write(built, out, plots=plots)
     failed = [c["name"] for c in built.report["checks"] if c["status"] == "fail"]
     typer.echo(f"{path}: {len(built.report['results'])} result sets, {built.report['settings']['clusters']} windows, "
@@ -57,13 +61,21 @@ def card(
         "--lane", help="x_fidelity.lane: the registry's lane the build is filed under (default: none)")] = None,
     html: Annotated[Path | None, typer.Option(
         "--html", help="also write the card's tables as an HTML page (snakemake --report's results page)")] = None,
+    force: Annotated[bool, typer.Option(
+        "--force", help="replace --out (and --html) even when it is not a card fideval wrote (e.g. a project's README)")] = False,
 ) -> None:
-    """Write the model card: model-index YAML + x_fidelity provenance + fidelity tables and plots."""
+    """Write the model card: model-index YAML + x_fidelity provenance + fidelity tables and plots.
+
+    An existing --out (or --html) file is replaced only when it is a card (or results page) fideval card wrote,
+    which its marker says (x_fidelity.generator: fideval card; the page's generator meta tag), or with --force."""
     from fideval.config import resolve_path
     from fideval.fsio import write_text
-    from fideval.report.card import render
+    from fideval.report.card import refuse_overwrite, render
     from fideval.report.schema import load_report
 
+    refuse_overwrite(out, force=force)
+    if html is not None:
+        refuse_overwrite(html, force=force, page=True)
     path = report / "report.json" if report.is_dir() else report
     rep = load_report(path)
     if template is None and rep["settings"].get("card_template"):
@@ -85,9 +97,11 @@ def check(
     max_mean_kld: Annotated[float | None, typer.Option("--max-mean-kld", min=0, help="fail when a mean KLD exceeds this")] = None,
     min_top1: Annotated[float | None, typer.Option("--min-top1", min=0, max=1, help="fail when a top-1 agreement is below this")] = None,
     max_mean_kld_upper: Annotated[float | None, typer.Option(
-        "--max-mean-kld-upper", min=0, help="fail when a mean KLD's upper interval bound (BCa) exceeds this")] = None,
+        "--max-mean-kld-upper", min=0, help="fail when a mean KLD's upper interval bound (the default cluster "
+        "bootstrap-t; a version 1 report's BCa) exceeds this")] = None,
     min_top1_lower: Annotated[float | None, typer.Option(
-        "--min-top1-lower", min=0, max=1, help="fail when a top-1 agreement's lower interval bound (Wilson) is below this")] = None,
+        "--min-top1-lower", min=0, max=1, help="fail when a top-1 agreement's lower interval bound (the default cluster "
+        "bootstrap-t; a version 1 report's Wilson) is below this")] = None,
     allow_not_run: Annotated[list[str], typer.Option(
         "--allow-not-run", help="a check that may be not_run (repeatable; 'all' for every one); else not_run fails")] = [],
     config: Annotated[Path | None, options.config("take the gates from this config's report.gates")] = None,

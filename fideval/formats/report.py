@@ -154,13 +154,13 @@ class Plot(Model):
 @dataclass(frozen=True, kw_only=True)
 class Report(Model):
     FORMAT = "fideval.report"
-    VERSION = 2
-    READABLE = (1, 2)
+    VERSION = 3
+    READABLE = (1, 2, 3)
     KIND = "report format"
     HINT = _HINT
 
     format: str = key("`fideval.report`", default=FORMAT)
-    version: int = key("`2` (`1`: read as written)", default=VERSION)
+    version: int = key("`3` (`1`, `2`: read as written)", default=VERSION)
     settings: Settings = key("the statistics' settings")
     provenance: Provenance = key("what was measured, against what, by which fideval")
     results: list[Result] = key("one per records set, sorted by (candidate, path, length)")
@@ -173,3 +173,20 @@ class Report(Model):
     noise_floor: list[dict[str, Any]] | None = key("the reference scored against itself under a harmless "
                                                    "change, per path and length (NOISE), or []",
                                                    default=None, since=2)
+    coverage: dict[str, Any] | None = key("the records against what the config and eval-windows.json ask for: "
+                                          "`complete` (false: a partial report, written only with --allow-partial), "
+                                          "`status`, `detail`, per records set `asked`, `found`, `missing`, "
+                                          "`missing_domains`, `first_missing`, and `missing_sets` (version 3)", default=None, since=3)
+
+    def problem(self) -> str | None:
+        """Figures no computation can give (a negative mean KLD, an agreement outside [0, 1]) are refused where
+        report.json is read: ``fideval check`` and ``fideval card`` must never pass or print them."""
+        for r in self.results:
+            who = f"{r.candidate}/{r.path}/{r.length}"
+            for name, lo, hi in (("mean_kld", -1e-9, None), ("mean_rkld", -1e-9, None), ("top1", 0.0, 1.0),
+                                 ("top5", 0.0, 1.0), ("top10", 0.0, 1.0)):
+                fig = r.overall.get(name)
+                est = fig.get("estimate") if isinstance(fig, dict) else None
+                if isinstance(est, (int, float)) and ((lo is not None and est < lo) or (hi is not None and est > hi)):
+                    return f"results {who}: {name} {est!r} is impossible (outside [{lo}, {hi if hi is not None else 'inf'}])"
+        return None

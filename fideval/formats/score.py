@@ -25,6 +25,10 @@ class TeacherRef(Model):
                            "llama.cpp file)", default=None)
     lossy: str | None = key("the teacher store's `lossy` note (a llama.cpp import), null for an exact FP32 teacher "
                             "(added in version 1, optional)", default=None)
+    settings_sha256: str | None = key("the store's settings fingerprint (`settings_sha256` of its meta: every bit-shaping "
+                                      "setting and the checkpoint's files; added in version 1, optional)", default=None)
+    shards: dict[str, str] | None = key("sequence id -> SHA-256 of the teacher shard its rows were scored against, as "
+                                        "the manifest names it (added in version 1, optional)", default=None)
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -96,6 +100,14 @@ class ScoreSummary(Model):
                                  "version 1, optional)", default=None)
     profile: RunProfile | None = key("where the run's time went, tokens/s and model FLOP utilisation (added in "
                                      "version 1, optional)", default=None)
+    records_sha256: str | None = key("SHA-256 of `records.parquet` as written: the report refuses records that differ "
+                                     "(added in version 1, optional)", default=None)
+    sequences: dict[str, str | None] | None = key("sequence id -> SHA-256 of the teacher's token ids the rows were scored "
+                                                  "on (little-endian int32, as eval-windows.json hashes them): the "
+                                                  "report compares them with the windows (added in version 1, optional)",
+                                                  default=None)
+    candidate_sha256: str | None = key("SHA-256 of `candidate_info` (canonical JSON): the candidate's fingerprint "
+                                       "(added in version 1, optional)", default=None)
 
     def problem(self) -> str | None:
         if self.length is not None and self.length < 1:

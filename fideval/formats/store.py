@@ -13,6 +13,20 @@ from typing import Any
 from fideval.formats.model import Model, key
 
 MANIFEST = "manifest.json"
+
+# The teacher block's keys that shape the logits' bits: every shard of a store must agree on all of them (a resumed run
+# that differs in one is refused, naming it), and their canonical hash is the store's ``settings_sha256``.
+BIT_SHAPING = ("runner", "implementation", "arch", "dtype", "device", "device_name", "model_parallel", "torch_threads",
+               "weights", "checkpoint", "micro_batch", "mlp_tokens", "chunk_bytes", "lm_head", "reference_code")
+
+
+def settings_fingerprint(block: dict[str, Any]) -> str:
+    """SHA-256 of a teacher block's bit-shaping settings (:data:`BIT_SHAPING`, canonical JSON): the store's
+    ``settings_sha256``, the same in every shard of a store (``fideval verify`` checks)."""
+    from fideval.provenance import canonical_hash
+
+    return canonical_hash({k: block.get(k) for k in BIT_SHAPING})
+
 _HEX64 = re.compile(r"[0-9a-f]{64}")
 
 

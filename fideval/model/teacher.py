@@ -16,8 +16,12 @@ import json
 import os
 from pathlib import Path
 
-from fideval.errors import FidevalError
+from fideval.errors import FidevalError, StopSignals
 from fideval.model.teacher_pass import KINDS, sequence_folders
+
+# the line of an interrupted teacher run, as ``fideval teacher`` prints it (fideval.cli's resumable verbs)
+INTERRUPTED = ("teacher interrupted: the finished shards are kept, the partial one was discarded (run the same command "
+               "again to resume: finished shards are skipped)")
 
 
 class _Quiet:
@@ -108,15 +112,20 @@ def main(argv=None) -> int:
     ap.add_argument("--model-id")
     ap.add_argument("--model-revision")
     a = ap.parse_args(argv)
-    try:
-        r = run_teacher(a.model, a.windows, a.out, kinds=tuple(x for x in a.lengths.split(",") if x), device=a.device,
-                        dtype=a.dtype, model_id=a.model_id, model_revision=a.model_revision, micro_batch=a.micro_batch,
-                        mlp_tokens=a.mlp_tokens, chunk_bytes=a.chunk_bytes, peak_tflops=a.peak_tflops,
-                        implementation=a.implementation, code=a.code, trust_remote_code=a.trust_remote_code,
-                        lm_head=a.lm_head)
-    except FidevalError as e:
-        print(f"fideval: error: {e.line()}", file=sys.stderr)
-        return 2
+    # SIGTERM (torchrun's agent stopping the ranks, a scheduler's time limit) takes Ctrl-C's path, as in fideval.cli
+    with StopSignals() as stop:
+        try:
+            r = run_teacher(a.model, a.windows, a.out, kinds=tuple(x for x in a.lengths.split(",") if x), device=a.device,
+                            dtype=a.dtype, model_id=a.model_id, model_revision=a.model_revision, micro_batch=a.micro_batch,
+                            mlp_tokens=a.mlp_tokens, chunk_bytes=a.chunk_bytes, peak_tflops=a.peak_tflops,
+                            implementation=a.implementation, code=a.code, trust_remote_code=a.trust_remote_code,
+                            lm_head=a.lm_head)
+        except FidevalError as e:
+            print(f"fideval: error: {e.line()}", file=sys.stderr)
+            return 2
+        except KeyboardInterrupt:
+            print(f"fideval: {stop.named(INTERRUPTED)}", file=sys.stderr)
+            return stop.status()
     if int(os.environ.get("RANK", "0")) == 0:
         print(json.dumps({k: r[k] for k in ("written", "skipped", "canaries", "settings", "profile")}))
     return 0

@@ -29,6 +29,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from fideval.errors import FidevalError
+from fideval.formats.store import BIT_SHAPING, settings_fingerprint
 
 if TYPE_CHECKING:
     import torch
@@ -39,6 +40,7 @@ if TYPE_CHECKING:
     from fideval.windows.layout import Sequences
 
 KINDS = ("windows", "cuts")
+LATE = ("lm_head", "reference_code", "weights")  # known once the runner exists (TeacherPass.start)
 
 
 def tokenizer_shas(model_dir: Path, windows_dir: Path) -> tuple[str | None, str | None]:
@@ -145,13 +147,17 @@ def store_meta(model_dir: Path, ckpt, *, implementation: str, arch: str, dtype: 
 
     from fideval.model.device import resolve_dtype
     from fideval.model.weights import fp8_release
+    from fideval.model.weights.identity import checkpoint_identity
 
     runner_module = "fideval.model.reference.runner" if implementation == "reference" else "fideval.model.runner"
     block = {"runner": runner_module, "implementation": implementation, "arch": arch, "dtype": dtype,
              "device": dev.type, "model_parallel": world,
+             # another GPU kind may sum in another order: a store is computed on one
+             "device_name": torch.cuda.get_device_name(dev) if dev.type == "cuda" else None,
              # CPU float sums change order with the thread count: part of what makes logits reproducible
              "torch_threads": torch.get_num_threads() if dev.type == "cpu" else None,
-             "weights": fp8_release.describe(ckpt, release, resolve_dtype(dtype), dev)}
+             "weights": fp8_release.describe(ckpt, release, resolve_dtype(dtype), dev),
+             "checkpoint": checkpoint_identity(model_dir)}
     meta = {"model_id": model_id or model_dir.name, "model_revision": model_revision or "local",
             "tokenizer_sha256": tokenizer_sha256 or "unknown", "vocab_size": vocab, "kind": "logits", "teacher": block}
     return block, meta
@@ -268,6 +274,7 @@ class TeacherPass:
             done = set(box[0])
         self.done = done
         self.todo = sum(len(s.ids) - sum(sid in done for sid in s.ids) for s in self.seqs)
+        self.check_resumed(final=False)  # before anything is sized or built: a changed setting fails in seconds
         recorded = recorded_settings(self.out)  # a resumed store's settings: read once, for sizing and the lm head
         self.resumed = recorded is not None
         self.asked = asked
@@ -307,6 +314,49 @@ class TeacherPass:
         return sized_settings(self.device, self.dtype, self.config, self.seqs, self.n_sized, self.out, 1, None, self.asked, None)
 
     # -- the store ---------------------------------------------------------------------------------------------
+    def check_resumed(self, final: bool) -> None:
+        """A resumed store holds one teacher: every shard already written must have been computed with this run's
+        bit-shaping settings (:data:`BIT_SHAPING`) and, ``final``, on these windows' tokens; else one line naming the
+        first difference. Not ``final`` (before sizing and the runner): the first written shard, on the keys known then
+        (the sized settings are adopted from the store by fideval.model.sizing.adopt, which names its own refusals)."""
+        if self.writer is None or not self.done:
+            return
+        from fideval.model.sizing import RECORDED  # sized after this early check, and adopted from the store
+        from fideval.store.shard import read_header, shard_rel
+
+        keys = BIT_SHAPING if final else tuple(k for k in BIT_SHAPING if k not in LATE and k not in RECORDED)
+        where = f"store {self.out}"
+        for s in self.seqs:
+            for row, sid in enumerate(s.ids):
+                if sid not in self.done:
+                    continue
+                path = self.out / shard_rel(sid)
+                head = read_header(path)
+                try:
+                    ran = json.loads(head.meta.get("teacher") or "{}")
+                except ValueError:
+                    ran = {}
+                for k in keys:
+                    if k not in ran and self.block.get(k) is not None:
+                        raise FidevalError(f"{where}: shard {sid} records no {k} (written by an older fideval), this run "
+                                           f"computes with {k} {_shown(self.block.get(k))}",
+                                           hint="write a new store: a resume must be computed exactly as the shards it joins")
+                    if ran.get(k) != self.block.get(k):
+                        raise FidevalError(f"{where}: shard {sid} was computed with {_difference(k, ran.get(k), self.block.get(k))}",
+                                           hint=f"resume with the same {k}, or write a new store (one store holds one teacher)")
+                if not final:
+                    return
+                import numpy as np
+
+                stored = np.fromfile(path, dtype="<i4", count=head.length, offset=head.token_ids_offset)
+                mine = np.asarray(s.tokens[row], dtype="<i4")
+                if stored.shape != mine.shape or not np.array_equal(stored, mine):
+                    n = min(len(stored), len(mine))
+                    at = np.flatnonzero(stored[:n] != mine[:n])
+                    what = f"first difference at position {int(at[0])}" if len(at) else f"{len(stored)} vs {len(mine)} tokens"
+                    raise FidevalError(f"{where}: shard {sid} holds other tokens than {self.windows_dir}'s ({what}): the "
+                                       "windows were rebuilt", hint="write a new store for these windows")
+
     def start(self, runner: ModelRunner) -> None:
         """Record what computes the teacher (its head's mode; the vendor code's provenance) in the store's meta, before
         the first shard (every shard carries it), start the background writer and the run's timeline."""
@@ -316,8 +366,10 @@ class TeacherPass:
         if self.implementation == "reference":
             self.block["reference_code"] = runner.provenance()
             self.block["weights"] = runner.weights_description
+        self.check_resumed(final=True)
         if self.writer is not None:
             self.writer.meta["teacher"] = json.dumps(self.block, sort_keys=True)
+            self.writer.meta["settings_sha256"] = settings_fingerprint(self.block)
             self.bg = BackgroundWriter(self.writer, timeline=self.timeline)
         self.startup = time.perf_counter() - self.t_start
         self.timeline.start()
@@ -386,3 +438,19 @@ class TeacherPass:
             raise FidevalError(f"canary{of} {c.get('seq_id')} in {c['folder']} changed between the start and the end of the "
                                f"run ({c.get('sha256_start', '')[:12]} vs {c.get('sha256_end', '')[:12]})",
                                hint=f"the run is not bit-reproducible on this device; {what} written, the manifest records it")
+
+
+def _shown(v: Any) -> str:
+    return f"{len(v)} files fingerprinted" if isinstance(v, dict) and v and all(isinstance(x, str) for x in v.values()) else repr(v)
+
+
+def _difference(key: str, ran: Any, now: Any) -> str:
+    """What differs, in a few words: a checkpoint names its first differing file."""
+    if key == "checkpoint" and isinstance(ran, dict) and isinstance(now, dict):
+        for name in sorted(set(ran) | set(now)):
+            if ran.get(name) != now.get(name):
+                return (f"checkpoint file {name} {str(ran.get(name) or 'absent')[:28]}..., this run's is "
+                        f"{str(now.get(name) or 'absent')[:28]}... (other weights)")
+    if isinstance(ran, dict) or isinstance(now, dict):
+        return f"another {key} than this run's"
+    return f"{key} {ran!r}, this run computes {key} {now!r}"

@@ -23,7 +23,6 @@ them: the same as llama-quantize on an F32 conversion (or on a lossless one, e.g
 
 from __future__ import annotations
 
-import json
 import math
 import re
 from collections.abc import Callable, Iterator
@@ -33,6 +32,7 @@ from typing import Any
 import torch
 
 from fideval.errors import FidevalError
+from fideval.formats import nesting
 from fideval.quant import gguf_names
 from fideval.quant.gguf_mixes import MIXES, MixModel, allows_quantization, mix_types
 from fideval.quant.module_classes import MODULE_CLASSES, module_class_of
@@ -152,7 +152,7 @@ class MixSpec:
         if not (model_dir / "config.json").is_file():
             raise FidevalError(f"gguf mix: {model_dir} has no config.json",
                                hint="give the reference model's folder (config.json + *.safetensors)")
-        self.config = json.loads((model_dir / "config.json").read_text())
+        self.config = nesting.load_file(model_dir / "config.json", "fix or re-download config.json")
         hf_arch = (self.config.get("architectures") or [None])[0]
         arch = next((a for a, hf in gguf_names.GGUF_ARCHS.items() if hf_arch in hf), None)
         if arch is None:

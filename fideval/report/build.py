@@ -23,6 +23,7 @@ from fideval.errors import FidevalError
 from fideval.provenance import canonical_hash, tool_block
 from fideval.report import checks
 from fideval.report.comparisons import comparisons
+from fideval.report.coverage import coverage, refuse_partial, token_links
 from fideval.report.figures import SetFigures, summary
 from fideval.report.identity import candidate_identity
 from fideval.report.inputs import RecordSet, load_records, merge
@@ -222,18 +223,24 @@ def build(
     cfg: Config | None = None,
     manifests: list[dict[str, Any]] = (),
     settings: ReportConfig | None = None,
+    allow_partial: bool = False,
 ) -> Built:
     """Everything of a report in memory. Folders of one (candidate, path, length) — the workflow scores each
     domain into its own — are merged; ``self_check_dirs`` hold the teacher scored against itself and feed
     only the ``self_score_zero`` check; ``noise_dirs`` the reference scored against itself under a harmless
-    change (``fideval/report/noise.py``)."""
+    change (``fideval/report/noise.py``). Records that do not cover what the config and the windows ask for are
+    refused unless ``allow_partial`` (fideval.report.coverage); records scored on other tokens than the windows'
+    are refused always."""
     if not record_dirs:
         raise FidevalError("no records given", hint="pass --records DIR (repeatable)")
     rc = settings or (cfg.report if cfg is not None else ReportConfig())
-    sets = merge([rs for d in record_dirs for rs in load_records(d)])
-    self_sets = merge([rs for d in self_check_dirs for rs in load_records(d)])
-    noise_sets = merge([rs for d in noise_dirs for rs in load_records(d)])
+    loaded = [[rs for d in dirs for rs in load_records(d)] for dirs in (record_dirs, self_check_dirs, noise_dirs)]
+    links = token_links([rs for group in loaded for rs in group], windows)  # per folder: before they are merged
+    sets, self_sets, noise_sets = (merge(group) for group in loaded)
     manifests = list(manifests)
+    cov = coverage(sets, cfg, windows)
+    if not allow_partial:
+        refuse_partial(cov)
     clusters = Clusters.from_pairs(_window_domains(sets + noise_sets))
     counts = resample_counts(clusters, rc.resamples, rc.seed)
     domains = _domain_order(sets, windows, cfg)
@@ -265,7 +272,8 @@ def build(
         "provenance": _provenance(sets, self_sets, windows, cfg, manifests, clusters),
         "results": [figs[k].result for k in sorted(figs)],
         "comparisons": comparisons(figs, counts, rc.confidence, rc.seed, strata),
-        "checks": checks.run_all(sets, self_sets, windows, manifests),
+        "checks": checks.run_all(sets, self_sets, windows, manifests, links) + [checks.coverage_check(cov)],
+        "coverage": cov,
         "gates": gates,
         "plots": [],
         "noise_floor": noise_floor(noise, figs),
@@ -279,20 +287,153 @@ def build(
 
 
 def write(built: Built, out_dir: str | Path, *, plots: bool = True) -> Path:
-    """Write report.json, the summaries and (optionally) the plots into ``out_dir``; returns report.json's path."""
+    """Write report.json, the summaries and (optionally) the plots into ``out_dir`` as one folder; returns
+    report.json's path.
+
+    A report is written as a whole, so a folder never mixes two runs: everything is staged in a hidden folder
+    beside ``out_dir`` (``.NAME.*.report-staging``, on the same file system), then swapped in: the old folder
+    renamed aside (``.NAME.*.report-old``), the new one renamed in, the old one removed. A failure before the swap
+    (a plot that cannot be drawn, a full disk, Ctrl-C) removes the staging folder and leaves ``out_dir`` as it was,
+    byte for byte; a kill between the two renames leaves the old folder aside, and the next write puts it back
+    before anything else.
+
+    What the report writes (report.json, summary-*.json, plots/) is replaced as a whole: no summary or plot of an
+    earlier report survives beside the new report.json. Every other entry of ``out_dir`` is kept -- the model card
+    README.md and results.html of ``fideval card``, check.txt of ``fideval check`` (the workflow writes them into
+    the report folder: workflow/rules/report.smk), anything of the user's -- hard-linked into the staged folder
+    (copied where the file system has no hard links). They are the previous run's until their own verbs run
+    again (Snakemake reruns card and check after report)."""
+    import os
+
     from fideval.formats.model import parse
     from fideval.formats.report import Report
     from fideval.fsio import write_json
 
     out = Path(out_dir)
-    if plots:
-        from fideval.report.plots import write_plots
+    real = Path(os.path.realpath(out))  # a linked report folder: its target is replaced, the link kept
+    stage, old = _staging(out, real)
+    try:
+        if plots:
+            from fideval.report.plots import write_plots
 
-        built.report["plots"] = write_plots(built.figures, out)
-    for name, obj in built.summaries.items():
-        write_json(out / name, obj)
-    path = out / "report.json"
-    obj = plain(built.report)
-    parse(Report, obj, str(path))  # the contract holds before anything is written (a bug here, not bad input)
-    write_json(path, obj)
-    return path
+            built.report["plots"] = write_plots(built.figures, stage)
+        for name, obj in built.summaries.items():
+            write_json(stage / name, obj)
+        obj = plain(built.report)
+        parse(Report, obj, str(out / "report.json"))  # the contract holds before anything is written (a bug here, not bad input)
+        write_json(stage / "report.json", obj)
+        if old:
+            for entry in sorted(real.iterdir()):
+                if not _report_owns(entry.name):
+                    _carry(entry, stage / entry.name)
+        _swap(stage, real, old)
+    except FidevalError as e:  # a write refused or the disk full: named by the report folder, not the staging one
+        _discard(stage)
+        kept = "the previous report folder is as it was" if old else None
+        raise FidevalError(e.message.replace(str(stage), str(out)),
+                           hint="; ".join(h for h in (e.hint, kept) if h) or None) from None
+    except OSError as e:
+        _discard(stage)
+        raise FidevalError(f"cannot replace the report folder {out}: {e.strerror or e}",
+                           hint="check its permissions, or choose another --out; the previous report folder is as it was"
+                           if old else "check the permissions of its parent folder, or choose another --out") from None
+    except BaseException:
+        _discard(stage)
+        raise
+    return out / "report.json"
+
+
+# what ``write`` replaces as a whole in a report folder; every other entry is the card's, check's or the user's
+REPORT_FILES = ("report.json",)
+REPORT_GLOBS = ("summary-*.json",)
+REPORT_DIRS = ("plots",)
+
+
+def _report_owns(name: str) -> bool:
+    import fnmatch
+
+    return name in REPORT_FILES or name in REPORT_DIRS or any(fnmatch.fnmatch(name, g) for g in REPORT_GLOBS)
+
+
+def _staging(out: Path, real: Path) -> tuple[Path, bool]:
+    """A fresh staging folder beside ``real`` (``out`` with links resolved), after putting back a folder a killed
+    swap left aside and removing what killed writes left; whether a previous report folder is there."""
+    import os
+    import shutil
+    import tempfile
+
+    parent = real.parent
+    if real.exists() and not real.is_dir():
+        raise FidevalError(f"--out {out} exists and is not a folder", hint="choose a folder for the report")
+    cwd = Path.cwd().resolve()
+    if real == cwd or real in cwd.parents:
+        raise FidevalError(f"--out {out} holds the working directory, and a report folder is replaced as a whole",
+                           hint="write the report to a folder of its own, e.g. reports/RUN")
+    try:
+        parent.mkdir(parents=True, exist_ok=True)
+        aside = sorted(parent.glob(f".{real.name}.*.report-old"))
+        if aside and not real.exists():
+            os.rename(aside.pop(), real)  # a kill between the swap's two renames: the previous folder, put back
+        for left in aside + sorted(parent.glob(f".{real.name}.*.report-staging")):
+            shutil.rmtree(left, ignore_errors=True)
+        stage = Path(tempfile.mkdtemp(prefix=f".{real.name}.", suffix=".report-staging", dir=parent))
+        mask = os.umask(0)
+        os.umask(mask)
+        os.chmod(stage, (real.stat().st_mode & 0o7777) if real.is_dir() else (0o777 & ~mask))  # mkdtemp's is 0700
+    except OSError as e:
+        raise FidevalError(f"cannot write in {parent}: {e.strerror or e}",
+                           hint="check permissions or choose another output folder") from None
+    return stage, real.is_dir()
+
+
+def _carry(src: Path, dst: Path) -> None:
+    """``src`` (a file, a link or a folder, recursively) into the staged folder: hard links, else copies."""
+    import os
+    import shutil
+
+    if src.is_symlink():
+        os.symlink(os.readlink(src), dst)
+    elif src.is_dir():
+        dst.mkdir()
+        for child in sorted(src.iterdir()):
+            _carry(child, dst / child.name)
+        shutil.copystat(src, dst)
+    else:
+        try:
+            os.link(src, dst)
+        except OSError:  # no hard links here (some network and FUSE file systems), or not ours to link
+            shutil.copy2(src, dst)
+
+
+def _swap(stage: Path, out: Path, old: bool) -> None:
+    """The staged folder in place of ``out``: the old one renamed aside, the new one in, the old one removed; if
+    the second rename fails the old folder is renamed back."""
+    import contextlib
+    import os
+    import secrets
+    import shutil
+
+    aside = stage.parent / f".{out.name}.{secrets.token_hex(4)}.report-old"
+    if old:
+        try:
+            os.rename(out, aside)
+            os.rename(stage, out)
+        except BaseException:
+            if aside.exists() and not out.exists():
+                os.rename(aside, out)
+            raise
+        shutil.rmtree(aside, ignore_errors=True)
+    else:
+        os.rename(stage, out)
+    with contextlib.suppress(OSError):  # the renames themselves on disk (best effort: the report is in place)
+        fd = os.open(stage.parent, os.O_RDONLY)
+        try:
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+
+
+def _discard(stage: Path) -> None:
+    import shutil
+
+    shutil.rmtree(stage, ignore_errors=True)

@@ -3,7 +3,12 @@
 The YAML front matter is the fidelity model-card format (``model-index`` + ``x_fidelity``), built by
 ``card_meta`` with huggingface_hub's card classes, so the Hub reads back exactly what was written. The
 markdown body is a jinja2 template with StrictUndefined, so a misspelt field fails loudly instead of
-printing nothing. Same report in, byte-identical card out.
+printing nothing. Same report (and the same plots beside it) in, byte-identical card out.
+
+A card never overwrites what it did not write: an existing --out file must carry the card's marker
+(``x_fidelity.generator: fideval card``, :func:`refuse_overwrite`) unless --force. It links only the plots that
+are there relative to it, and names the ones it leaves out; an interval it prints without a bound says why
+(``card_intervals.reason``).
 """
 
 from __future__ import annotations
@@ -16,7 +21,7 @@ from typing import Any
 
 from fideval.errors import FidevalError
 from fideval.report import card_meta
-from fideval.report.card_intervals import beside_context
+from fideval.report.card_intervals import Cell, Notes, beside_context, reason
 from fideval.stats.quantiles import TAIL_WINDOWS
 
 TOOL_URL = "https://github.com/fideval/fideval"
@@ -28,22 +33,76 @@ def _g(x: float | None, digits: int = 4) -> str:
     return "—" if x is None else f"{x:.{digits}g}"
 
 
-def _ci(fig: dict[str, Any] | None, digits: int = 4) -> str:
-    if fig is None or fig.get("estimate") is None:
-        return "—"
-    lo, hi = fig["ci"]
-    return f"{_g(fig['estimate'], digits)} [{_g(lo, digits)}, {_g(hi, digits)}]"
-
-
-def _pct(fig: dict[str, Any] | None) -> str:
+def _ci(fig: dict[str, Any] | None, digits: int = 4, kind: str = "kld", notes: Notes | None = None) -> str:
+    """A figure and its interval, marked with the note saying why when the interval has no bound (card_intervals)."""
     if fig is None:
         return "—"
-    lo, hi = (fig if "ci" in fig else fig["wilson"])["ci"]  # the default; a version 1 report's card took Wilson's
-    return f"{100 * fig['estimate']:.2f} % [{_p(lo)}, {_p(hi)}]"
+    if fig.get("estimate") is None or fig.get("ci") is None:
+        return Cell("—", reason(fig, kind), notes)
+    lo, hi = fig["ci"]
+    return Cell(f"{_g(fig['estimate'], digits)} [{_g(lo, digits)}, {_g(hi, digits)}]", reason(fig, kind), notes)
+
+
+def _pct(fig: dict[str, Any] | None, notes: Notes | None = None) -> str:
+    if fig is None:
+        return "—"
+    shown = fig if "ci" in fig else {**fig["wilson"], "estimate": fig["estimate"]}  # a version 1 report's: Wilson
+    lo, hi = shown["ci"]
+    return Cell(f"{100 * fig['estimate']:.2f} % [{_p(lo)}, {_p(hi)}]", reason(shown, "agreement"), notes)
 
 
 def _p(x: float | None) -> str:
     return "—" if x is None else f"{100 * x:.2f}"
+
+
+MAX_CARD_BYTES = 16 << 20  # a larger file is not a card this tool wrote
+
+
+def written_by_card(path: Path, *, page: bool = False) -> bool:
+    """Whether the file at ``path`` carries the marker of ``fideval card``: ``x_fidelity.generator: fideval card``
+    in a card's YAML front matter, the generator meta tag in a results page (``page``)."""
+    import yaml
+
+    from fideval.report.results_page import GENERATOR_TAG
+
+    try:
+        with open(path, "rb") as f:
+            text = f.read(MAX_CARD_BYTES + 1).decode("utf-8")
+    except (OSError, UnicodeDecodeError):
+        return False
+    if len(text) > MAX_CARD_BYTES:
+        return False
+    if page:
+        return GENERATOR_TAG in text
+    m = re.match(r"---\r?\n(.*?)\r?\n---\r?\n", text, flags=re.S)
+    try:
+        front = yaml.safe_load(m.group(1)) if m else None
+    except yaml.YAMLError:
+        return False
+    xf = front.get("x_fidelity") if isinstance(front, dict) else None
+    return isinstance(xf, dict) and xf.get("generator") == card_meta.GENERATOR
+
+
+def refuse_overwrite(path: Path, *, force: bool = False, page: bool = False) -> None:
+    """One line when ``path`` exists and is not a card (``page``: a results page) that ``fideval card`` wrote: a
+    project's README.md is never replaced by a card unless ``force``. An empty file holds nothing to lose."""
+    from fideval.report.results_page import GENERATOR_TAG
+
+    path = Path(path)
+    if force or not (path.exists() or path.is_symlink()):
+        return
+    option = "--html" if page else "--out"
+    if path.is_dir():
+        name = "results.html" if page else "README.md"
+        raise FidevalError(f"{option} {path} is a folder", hint=f"give a file name, e.g. {path / name}")
+    if path.is_file() and path.stat().st_size == 0:
+        return
+    if not written_by_card(path, page=page):
+        what, name = ("results page", "results.html") if page else ("model card", "README.md")
+        marker = (f"{GENERATOR_TAG} in its head" if page
+                  else f"'x_fidelity.generator: {card_meta.GENERATOR}' in its YAML front matter")
+        raise FidevalError(f"{option} {path} exists and is not a {what} fideval card wrote (no {marker})",
+                           hint=f"choose another {option}, e.g. reports/RUN/{name}, or pass --force to replace it")
 
 
 def pick_candidate(report: dict[str, Any], candidate: str | None) -> str:
@@ -78,6 +137,7 @@ def card_context(
     st, prov = report["settings"], report["provenance"]
     rows = [r for r in report["results"] if r["candidate"] == candidate]
     domains = list(st["domains"])
+    notes = Notes()  # why an interval printed below has no bound, in the order the card prints them
 
     def qmap(r: dict[str, Any]) -> dict[float, float]:
         return {round(q["q"], 6): q["estimate"] for q in r["overall"]["kld_quantiles"]}
@@ -86,9 +146,9 @@ def card_context(
         {
             "path": r["path"],
             "length": r["length"],
-            "mean": _ci(r["overall"]["mean_kld"]),
+            "mean": _ci(r["overall"]["mean_kld"], notes=notes),
             "q": [_g(qs.get(q)) for q in HEADLINE_QUANTILES],
-            "top1": _pct(r["overall"]["top1"]),
+            "top1": _pct(r["overall"]["top1"], notes),
             "rows": f"{r['rows']:,}",
         }
         for r in rows
@@ -98,29 +158,35 @@ def card_context(
         {
             "path": r["path"],
             "length": r["length"],
-            "cells": [_ci(r["domains"].get(d, {}).get("mean_kld"), 3) for d in domains],
+            "cells": [_ci(r["domains"].get(d, {}).get("mean_kld"), 3, notes=notes) for d in domains],
         }
         for r in rows
     ]
     dom_clusters = [f["clusters"] for r in rows for f in r["domains"].values() if f.get("mean_kld")]
     cmp = report["comparisons"]
     builds = [
-        {"other": c["denominator"], "path": c["path"], "length": c["length"], "value": _ci(c)}
+        {"other": c["denominator"], "path": c["path"], "length": c["length"], "value": _ci(c, kind="ratio", notes=notes)}
         for c in cmp["builds"]
         if c["numerator"] == candidate
     ]
-    paths = [{"length": c["length"], "value": _ci(c)} for c in cmp["paths"] if c["candidate"] == candidate]
+    paths = [{"length": c["length"], "value": _ci(c, kind="difference", notes=notes)} for c in cmp["paths"]
+             if c["candidate"] == candidate]
     lengths = [
-        {"path": c["path"], "numerator": c["numerator"], "denominator": c["denominator"], "value": _ci(c)}
+        {"path": c["path"], "numerator": c["numerator"], "denominator": c["denominator"],
+         "value": _ci(c, kind="ratio", notes=notes)}
         for c in cmp["lengths"]
         if c["candidate"] == candidate
     ]
     rel = Path(os.path.relpath(report_dir.resolve(), out_dir.resolve()))
-    plots = [
+    listed = [
         {"href": (rel / p["file"]).as_posix(), "alt": f"{p['kind']} {p['path']} {p['length']}"}
         for p in report["plots"]
         if p["candidate"] == candidate
     ]
+    # a link is written only to a plot that is there, relative to the card (a card written away from its report
+    # folder, or a report written with --no-plots, would otherwise show broken images); the rest are named
+    plots = [p for p in listed if Path(os.path.normpath(out_dir.resolve() / p["href"])).is_file()]  # --out's folder may not exist yet
+    plots_missing = [p["href"] for p in listed if p not in plots]
     checks = [
         {"name": c["name"], "status": c["status"], "detail": str(c["detail"]).replace("|", "/")}
         for c in report["checks"]
@@ -142,7 +208,7 @@ def card_context(
         for r in rows
     ]
     ds = card_meta._dataset(report)
-    return beside_context(report, rows) | {
+    return beside_context(report, rows, notes) | {
         "title": f"{candidate}: fidelity to {prov['reference']['model_id']}",
         "candidate": candidate,
         "reference": prov["reference"],
@@ -164,9 +230,13 @@ def card_context(
         "lengths": lengths,
         "checks": checks,
         "plots": plots,
+        "plots_missing": plots_missing,
+        "interval_notes": notes,
         "by_length": by_length,
         "domain_lines": domain_lines,
         "checks_summary": checks_summary(report["checks"]),
+        # a report written with --allow-partial (fideval.report.coverage): said before any figure
+        "partial": (report.get("coverage") or {}).get("detail") if (report.get("coverage") or {}).get("complete") is False else None,
         "measured": card_meta.measurement(report, candidate),
         "provenance": card_meta.candidate_provenance(report, candidate),
         "head_bits": card_meta.head_bits(report, candidate),

@@ -25,6 +25,9 @@ from typing import Any
 
 SPEC_VERSION = "fidelity-provenance/v1"
 ROLE = "quantized-candidate"
+# x_fidelity.generator: the card's marker. ``fideval card`` replaces an existing --out file only when it carries it
+# (a card it wrote), so a project's own README.md is never overwritten without --force
+GENERATOR = "fideval card"
 TASK = {"type": "text-generation", "name": "Fidelity to the reference model"}
 LOCAL_DATASET_TYPE = "fideval-windows"
 TAGS = ["fideval", "quantized", "fidelity-evaluation", "kl-divergence"]
@@ -194,6 +197,7 @@ def x_fidelity(report: dict[str, Any], candidate: str, report_sha256: str, *, re
     return {
         "spec_version": SPEC_VERSION,
         "role": ROLE,
+        "generator": GENERATOR,
         "reference_model": prov["reference"]["model_id"],
         "reference_revision": prov["reference"]["model_revision"],
         "fidelity_dataset": ds["fidelity_dataset"],

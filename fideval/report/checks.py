@@ -9,7 +9,9 @@ Each check says what was compared and against what, so a failure can be acted on
                       rows: below, the window is noise or mis-tokenised; above, memorised or degenerate text;
   cpu_check           the GPU kernel's rows checked in float64 on the CPU differ by at most the tolerance;
   nonfinite_rows      the scorer met no non-finite logits;
-  windows_match       every window in the records is listed in eval-windows.json (when given).
+  windows_match       every window in the records is listed in eval-windows.json (when given), and every
+                      sequence's token SHA-256 in score.json equals the windows' (a mismatch is refused outright);
+  coverage            the records hold every sequence the config and the windows ask for (a partial report).
 A check whose input is absent has status "not_run" (not a failure). :func:`gate_failures` adds the fidelity
 gates (mean KLD, top-1) to the failed checks: the verdict of ``fideval check``.
 """
@@ -165,7 +167,9 @@ def nonfinite(sets: list[RecordSet]) -> dict[str, Any]:
     return _check("nonfinite_rows", "pass", "no non-finite rows")
 
 
-def windows_match(sets: list[RecordSet], windows: dict[str, Any] | None) -> dict[str, Any]:
+def windows_match(sets: list[RecordSet], windows: dict[str, Any] | None, links: dict[str, int] | None = None) -> dict[str, Any]:
+    """Every window of the records is in eval-windows.json, and (``links``, fideval.report.coverage.token_links,
+    which refuses a mismatch outright) how many sequences' token SHA-256 were found equal to the windows'."""
     if windows is None:
         return _check("windows_match", "not_run", "no eval-windows.json given")
     known = windows["windows"]
@@ -177,7 +181,17 @@ def windows_match(sets: list[RecordSet], windows: dict[str, Any] | None) -> dict
             "fail",
             f"{len(unknown)} windows not in eval-windows.json: " + ", ".join(unknown[:5]),
         )
-    return _check("windows_match", "pass", f"{len(seen)} windows, all in eval-windows.json")
+    links = links or {"checked": 0, "unchecked_folders": 0}
+    tokens = f"; the token SHA-256 of {links['checked']} sequences equal eval-windows.json's"
+    if links["unchecked_folders"]:
+        tokens += f" ({links['unchecked_folders']} records folders name no token hashes: written before they existed)"
+    return _check("windows_match", "pass", f"{len(seen)} windows, all in eval-windows.json{tokens}",
+                  sequences_checked=links["checked"], folders_unchecked=links["unchecked_folders"])
+
+
+def coverage_check(cov: dict[str, Any]) -> dict[str, Any]:
+    """The records against what was asked (fideval.report.coverage): a partial report fails ``fideval check``."""
+    return _check("coverage", cov["status"], cov["detail"])
 
 
 def run_all(
@@ -185,15 +199,17 @@ def run_all(
     self_sets: list[RecordSet],
     windows: dict[str, Any] | None,
     manifests: list[dict[str, Any]],
+    links: dict[str, int] | None = None,
 ) -> list[dict[str, Any]]:
-    """``sets``: merged records sets of the candidates; ``self_sets``: teacher-vs-teacher records."""
+    """``sets``: merged records sets of the candidates; ``self_sets``: teacher-vs-teacher records; ``links``: the
+    token SHA-256 comparison's counts (fideval.report.coverage.token_links)."""
     return [
         self_score(sets, self_sets),
         canary(manifests),
         teacher_top1(sets + self_sets),
         cpu_check(sets + self_sets),
         nonfinite(sets + self_sets),
-        windows_match(sets + self_sets, windows),
+        windows_match(sets + self_sets, windows, links),
     ]
 
 

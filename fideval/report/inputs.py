@@ -15,6 +15,7 @@ from typing import Any
 import numpy as np
 
 from fideval.errors import FidevalError
+from fideval.formats import nesting
 from fideval.formats import records as rec_format
 from fideval.formats.model import parse
 from fideval.formats.score import FILE as SCORE_FILE
@@ -99,7 +100,7 @@ def merge(sets: list[RecordSet]) -> list[RecordSet]:
 
 def read_json(path: Path, what: str) -> dict[str, Any]:
     try:
-        obj = json.loads(path.read_text(encoding="utf-8"))
+        obj = nesting.loads(path.read_text(encoding="utf-8"))
     except FileNotFoundError:
         raise FidevalError(f"{path} not found", hint=f"give the folder that holds {what}") from None
     except (OSError, UnicodeDecodeError, json.JSONDecodeError) as e:
@@ -182,6 +183,12 @@ def load_records(folder: str | Path) -> list[RecordSet]:
             f"{rec_path}: {df.height} rows, score.json says {summary.rows}", hint="re-run 'fideval score'"
         )
     rec_sha, score_sha = sha256_file(rec_path), sha256_file(score_path)
+    if summary.records_sha256 is not None and rec_sha != summary.records_sha256:
+        raise FidevalError(
+            f"{rec_path}: its SHA-256 differs from the records_sha256 its score.json names (altered after scoring)",
+            hint="re-run 'fideval score'; records are never edited by hand",
+        )
+    _impossible(df, rec_path)
     out = []
     for length in sorted(df["length"].unique().to_list()):
         part = df.filter(pl.col("length") == length)
@@ -202,12 +209,76 @@ def load_records(folder: str | Path) -> list[RecordSet]:
     return out
 
 
+# Rounding of a float64 sum over a full vocabulary leaves KLD a few ulps below 0 (the demo's smallest: -1.2e-15
+# nats); anything below this is not rounding but a broken file or scorer.
+ROUNDING = 1e-9
+# column -> (lowest, highest) a true value can take; None: unbounded on that side
+_RANGES = {"kld": (0.0, None), "rkld": (0.0, None), "nll_ref": (0.0, None), "nll_cand": (0.0, None),
+           "entropy_ref": (0.0, None), "p1_ref": (0.0, 1.0), "dp": (-1.0, 1.0)}
+
+
+def _impossible(df: Any, rec_path: Path) -> None:
+    """Values no full-vocabulary computation can give (a negative KLD or NLL, a probability outside [0, 1], a position
+    outside its sequence, a negative token id) are refused where the records are read: a mean over them would pass
+    every check and gate."""
+    import polars as pl
+
+    for c, (lo, hi) in _RANGES.items():
+        bad = pl.lit(False)
+        if lo is not None:
+            bad = bad | (pl.col(c) < lo - ROUNDING)
+        if hi is not None:
+            bad = bad | (pl.col(c) > hi + ROUNDING)
+        rows = df.filter(bad)
+        if rows.height:
+            first = rows.row(0, named=True)
+            span = f"[{lo if lo is not None else '-inf'}, {hi if hi is not None else 'inf'}]"
+            raise FidevalError(
+                f"{rec_path}: column '{c}' has {rows.height} values outside {span}, impossible for it (first {first[c]!r} "
+                f"at seq_id {first['seq_id']} position {first['position']})",
+                hint="the records are corrupt or from a broken scorer; re-run 'fideval score'",
+            )
+    rows = df.filter((pl.col("position") < 0) | (pl.col("position") > pl.col("length") - 2) | (pl.col("token") < 0))
+    if rows.height:
+        first = rows.row(0, named=True)
+        raise FidevalError(
+            f"{rec_path}: {rows.height} rows with a position outside [0, length - 2] or a negative token (first at "
+            f"seq_id {first['seq_id']} position {first['position']})", hint="re-run 'fideval score'")
+
+
 def _document_sources(raw: dict[str, Any]) -> dict[str, list[Any]]:
     """Window id -> the ``source`` of each document packed into it (the stage's own file has them)."""
     ws = raw.get("windows")
     items = ws.items() if isinstance(ws, dict) else ((w.get("id"), w) for w in ws or [] if isinstance(w, dict))
     return {wid: [d.get("source") for d in w["documents"] if isinstance(d, dict)]
             for wid, w in items if isinstance(w, dict) and isinstance(w.get("documents"), list)}
+
+
+def _sequences(raw: dict[str, Any], windows: dict[str, Any]) -> tuple[dict[str, str], dict[int, dict[str, str]]]:
+    """Every window and cut of eval-windows.json with its token SHA-256, and the ids of each length (a window's
+    ``tokens`` or ``windows_config.window_tokens``; a cut's ``end - start``), as far as the file says them."""
+    conf = raw.get("windows_config") if isinstance(raw.get("windows_config"), dict) else {}
+    ws = raw.get("windows")
+    items = [({"id": k, **v} if isinstance(v, dict) else v) for k, v in ws.items()] if isinstance(ws, dict) else ws or []
+    shas: dict[str, str] = {wid: w["token_sha256"] for wid, w in windows.items() if w.get("token_sha256")}
+    by_length: dict[int, dict[str, str]] = {}
+    for w in items:
+        if not isinstance(w, dict):
+            continue
+        wid = w.get("id", w.get("window_id"))
+        if wid not in windows:
+            continue
+        dom = windows[wid]["domain"]
+        n = w.get("tokens") if isinstance(w.get("tokens"), int) else conf.get("window_tokens")
+        if isinstance(n, int):
+            by_length.setdefault(n, {})[wid] = dom
+        for c in w.get("cuts") or []:
+            if isinstance(c, dict) and isinstance(c.get("id"), str):
+                if isinstance(c.get("sha256"), str):
+                    shas[c["id"]] = c["sha256"]
+                if isinstance(c.get("start"), int) and isinstance(c.get("end"), int):
+                    by_length.setdefault(c["end"] - c["start"], {})[c["id"]] = dom
+    return shas, by_length
 
 
 def load_windows(folder: str | Path) -> dict[str, Any]:
@@ -224,9 +295,12 @@ def load_windows(folder: str | Path) -> dict[str, Any]:
     windows = {w.id: {"domain": w.domain or w.id.rsplit("-", 1)[0], "token_sha256": w.sha256}
                for w in lst.windows}
     sources = {name: d.get("source") for name, d in (lst.domains or {}).items() if isinstance(d, dict)}
+    sequences, by_length = _sequences(raw, windows)
     return {
         "file": str(path),
         "sha256": sha256_file(path),
+        "sequences": sequences,  # seq id (window or cut) -> its tokens' SHA-256
+        "by_length": by_length,  # length -> {seq id: domain}, where the file says the length
         "format": lst.format,
         "version": lst.version,
         "windows": windows,

@@ -35,6 +35,13 @@ def _stem(f: SetFigures) -> str:
     return f"{f.rs.candidate}-{f.rs.path}-{f.rs.length}"
 
 
+def _yerr(est: np.ndarray, lo: np.ndarray, hi: np.ndarray) -> list[np.ndarray]:
+    """Error bars of intervals [lo, hi] around ``est``: a missing end (NaN) draws no bar on its side, and an
+    interval collapsed to its estimate (few windows) draws none either, where rounding put an end a few ulps on
+    the wrong side (matplotlib refuses negative bars)."""
+    return [np.maximum(est - lo, 0.0), np.maximum(hi - est, 0.0)]
+
+
 def _title(f: SetFigures, what: str) -> str:
     return f"{what} — {f.rs.candidate}, {f.rs.path}, {f.rs.length} tokens"
 
@@ -73,7 +80,7 @@ def kld_position(f: SetFigures, path: Path) -> None:
     est = np.array([m["estimate"] for _, _, m in pts])
     lo = np.array([np.nan if m["ci"][0] is None else m["ci"][0] for _, _, m in pts], dtype=np.float64)
     hi = np.array([np.nan if m["ci"][1] is None else m["ci"][1] for _, _, m in pts], dtype=np.float64)
-    ax.errorbar(np.maximum(mid, 0.5), est, yerr=[est - lo, hi - est], fmt="o-", capsize=3, lw=1.3)
+    ax.errorbar(np.maximum(mid, 0.5), est, yerr=_yerr(est, lo, hi), fmt="o-", capsize=3, lw=1.3)
     ax.set_xscale("log")
     ax.set_xlabel("position in sequence (bucket middle)")
     ax.set_ylabel("mean KLD, nats (cluster bootstrap-t 95 %)")
@@ -93,7 +100,7 @@ def top1_confidence(f: SetFigures, path: Path) -> None:
     lo = np.array([np.nan if c["top1"]["ci"][0] is None else c["top1"]["ci"][0] for c in b], dtype=np.float64)
     hi = np.array([np.nan if c["top1"]["ci"][1] is None else c["top1"]["ci"][1] for c in b], dtype=np.float64)
     x = np.arange(len(b))
-    ax.errorbar(x, est, yerr=[est - lo, hi - est], fmt="o-", capsize=3, lw=1.3)
+    ax.errorbar(x, est, yerr=_yerr(est, lo, hi), fmt="o-", capsize=3, lw=1.3)
     ax.set_xticks(x, labels, fontsize=8)
     ax.set_xlabel("reference top-1 probability")
     ax.set_ylabel("top-1 agreement (cluster bootstrap-t 95 %)")

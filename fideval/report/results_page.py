@@ -13,6 +13,8 @@ from __future__ import annotations
 import html
 import re
 
+# the page's marker: ``fideval card --html`` replaces an existing file only when it carries it (or with --force)
+GENERATOR_TAG = '<meta name="generator" content="fideval card">'
 STYLE = (
     "body{font-family:system-ui,sans-serif;max-width:72em;margin:2em auto;padding:0 1em;color:#222}"
     "table{border-collapse:collapse;margin:1em 0}th,td{border:1px solid #ccc;padding:.3em .6em;text-align:left}"
@@ -31,7 +33,7 @@ def page(card: str, title: str) -> str:
 
     md = MarkdownIt("commonmark", {"html": False}).enable("table")
     return (
-        "<!DOCTYPE html>\n<html lang=\"en\">\n<head>\n<meta charset=\"utf-8\">\n"
+        f"<!DOCTYPE html>\n<html lang=\"en\">\n<head>\n<meta charset=\"utf-8\">\n{GENERATOR_TAG}\n"
         f"<title>{html.escape(title)}</title>\n<style>{STYLE}</style>\n</head>\n<body>\n"
         f"{md.render(body_of(card))}</body>\n</html>\n"
     )

@@ -14,6 +14,7 @@ from typing import Any
 import numpy as np
 
 from fideval.errors import FidevalError
+from fideval.formats import nesting
 from fideval.formats.model import parse
 from fideval.formats.report import Report
 
@@ -53,7 +54,7 @@ def load_report(path: str | Path) -> dict[str, Any]:
     if path.is_dir():
         path = path / "report.json"
     try:
-        obj = json.loads(path.read_text(encoding="utf-8"))
+        obj = nesting.loads(path.read_text(encoding="utf-8"))
     except FileNotFoundError:
         raise FidevalError(f"report {path} not found", hint="run 'fideval report' first") from None
     except (OSError, UnicodeDecodeError, json.JSONDecodeError) as e:

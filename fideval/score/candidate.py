@@ -26,6 +26,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from fideval.errors import FidevalError
+from fideval.formats import nesting
 
 if TYPE_CHECKING:
     from fideval.config import Candidate as CandidateConfig
@@ -146,7 +147,7 @@ def run_options(files: Any, seqs: Any, settings: dict[str, Any], device: str,
 
         drv = check(files.folder, code=backend.get("code"), trust=bool(backend.get("trust_remote_code")),
                     world=int(os.environ.get("WORLD_SIZE", "1")), dtype=dtype)
-        config = sizing_config(drv, json.loads((Path(files.folder) / "config.json").read_text()))
+        config = sizing_config(drv, nesting.load_file(Path(files.folder) / "config.json", "fix or re-download config.json"))
     else:
         from transformers import AutoConfig
 
@@ -276,7 +277,7 @@ def imatrix_lookup(cand: Any, model_dir: Any) -> tuple[Any, dict[str, Any] | Non
         return None, None
     from fideval.quant.imatrix import ImatrixLookup
 
-    cfg = json.loads((Path(model_dir) / "config.json").read_text())
+    cfg = nesting.load_file(Path(model_dir) / "config.json", "fix or re-download config.json")
     return ImatrixLookup(im, cfg.get("model_type"), int(cfg.get("num_hidden_layers") or 0)), info
 
 

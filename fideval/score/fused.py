@@ -279,11 +279,23 @@ class _FusedPass:
             for s in self.active:
                 s.keep(tp.sha256)
             return self.lock.finish_profile()
-        except FidevalError:
-            tp.close()
-            for s in self.active:  # a failed scorer keeps nothing (as fideval score does); the teacher's shards stay
-                s.cache.clear()
-            raise
+        except FidevalError as e:
+            from fideval.score.run import resumable, rows_suspect
+
+            tp.close()  # the queued teacher shards are written (the teacher's finished shards always stay)
+            if rows_suspect(e):  # a wrong kernel or broken logits (fideval.score.run.rows_suspect): no records kept
+                for s in self.active:
+                    s.cache.clear()
+                raise
+            for s in self.active:  # about the inputs or the disk: the records scored against a written shard stay
+                try:
+                    s.keep(tp.sha256)
+                except FidevalError:  # the disk still full: what is not kept is computed again by the rerun
+                    pass
+            shards = sum(tp.sha256(sid) is not None for sid in ids)
+            records = sum(len(s.stats) for s in self.active)
+            raise resumable(e, f"{shards} of {len(ids)} teacher shards and the records of {records} shards scored against "
+                            "them are kept", "only what is missing is computed") from None
         except KeyboardInterrupt:
             tp.close()  # the queued teacher shards are written: the records scored against them are kept
             for s in self.active:
@@ -335,10 +347,18 @@ def _conclude(scorings: list[_Scoring], ids: list[str], out: Path, dev: torch.de
 
     reader = StoreReader(out)
     done: dict[str, dict[str, Any]] = {}
+    from fideval.formats.records import FILE as RECORDS_FILE
+    from fideval.score.run import SelfCheckFailed
+
     for s in scorings:
         s.scorer.conclude(s.stats, ids, s.cache, s.out_dir)
-        checked_self = s.scorer.self_result() if s.candidate.is_teacher else None
-        summary = summarize(s.scorer, s.candidate, reader, None, s.settings, dev, kernel, None, checked_self, prof)
+        try:
+            checked_self = s.scorer.self_result() if s.candidate.is_teacher else None
+        except SelfCheckFailed:  # the kernel is broken: none of its rows is kept (as fideval score --self-check)
+            s.cache.clear()
+            (s.out_dir / RECORDS_FILE).unlink(missing_ok=True)
+            raise
+        summary = summarize(s.scorer, s.candidate, reader, None, s.settings, dev, kernel, None, checked_self, prof, s.out_dir)
         write_json(s.out_dir / "score.json", summary)
         s.cache.clear()
         done[str(s.out_dir)] = summary

@@ -23,11 +23,11 @@ must change before a rerun, and with them every key.
 
 from __future__ import annotations
 
-import json
 import shutil
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from fideval.formats import nesting
 from fideval.fsio import atomic_path, sha256_file, write_json
 from fideval.provenance import canonical_hash
 
@@ -57,7 +57,7 @@ class ShardCache:
         """The shard's sidecar when it was scored from these very inputs and its records are intact, else None."""
         data, side = self._files(seq_id)
         try:
-            meta = json.loads(side.read_text())
+            meta = nesting.loads(side.read_text())
         except (OSError, ValueError):
             return None
         if not isinstance(meta, dict) or meta.get("key") != key:

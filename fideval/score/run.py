@@ -6,7 +6,9 @@ on the fly; :class:`ScoreSettings` says how (device, kernel, CPU check, non-fini
 checks (vocab, token ids, non-finite rows) before any scoring, the fast scorer (Triton on CUDA, else
 torch), the numpy float64 reference on sampled rows, one Parquet row group. Each scored shard is kept at
 once in ``records.partial/`` (fideval.score.resume), so an interrupted run resumes where it stopped;
-records.parquet appears only when every shard passed, and a run that fails (CPU check, bad logits) keeps nothing.
+records.parquet appears only when every shard passed. A run that fails on its inputs or the disk (a corrupt shard,
+a full disk) keeps what it scored, as an interrupted one does; one whose rows are suspect (CPU check, self-check,
+non-finite candidate logits: :func:`rows_suspect`) keeps nothing.
 
 Host memory. On a GPU, a candidate store and the teacher are streamed side by side (``StoreReader.iter``,
 one page-locked buffer each, the next shard read while this one is scored), so a store-against-store run
@@ -44,6 +46,7 @@ from fideval.score.records import shard_table
 from fideval.score.resume import ShardCache
 from fideval.store.feed import TeacherFeed, mapped_tensor
 from fideval.store.rows import RowFeed, TeacherRows
+from fideval.windows.layout import token_sha256
 
 if TYPE_CHECKING:
     from fideval.config import ScoreConfig
@@ -106,6 +109,8 @@ class Scorer:
         self.max_kld, self.top1 = 0.0, 0
         self.lengths: set[int] = set()
         self.transform = None  # an exact candidate's rows against a lossy teacher (fideval.score.lossy)
+        self.token_sha: str | None = None  # the last shard's teacher tokens, SHA-256 (eval-windows.json's hash)
+        self.sequences: dict[str, str | None] = {}  # seq id -> its tokens' SHA-256, once concluded
 
     def shard(self, item: CandidateShard) -> dict[str, Any] | None:
         """Score one candidate shard against its teacher shard; None when nothing is scorable."""
@@ -124,6 +129,7 @@ class Scorer:
                 ref_np, tokens = self.teacher.read(sid)
                 ref_all = mapped_tensor(ref_np)
         tokens = np.asarray(tokens)
+        self.token_sha = token_sha256(tokens)  # what score.json names: the tokens these rows were scored on
         if cand_tokens is not None:
             ct = np.asarray(cand_tokens)
             if ct.shape != tokens.shape or not np.array_equal(ct, tokens):
@@ -156,7 +162,7 @@ class Scorer:
         if bad.any():
             r = int(np.flatnonzero(bad)[0])
             if self.on_nonfinite != "skip":
-                raise FidevalError(f"shard {sid}: row {positions[r]} (and {int(bad.sum()) - 1} more) holds NaN/+inf or no finite logit",
+                raise SuspectRows(f"shard {sid}: row {positions[r]} (and {int(bad.sum()) - 1} more) holds NaN/+inf or no finite logit",
                                    hint="fix the model run, or pass --on-nonfinite skip to drop and count such rows")
             self.nonfinite += int(bad.sum())
         # CPU float64 reference on sampled rows (never on the non-finite ones)
@@ -198,12 +204,12 @@ class Scorer:
         if start is not None:
             self.seen = start
         before = {k: getattr(self, k) for k in resume.STAT_KEYS}
-        seen = self.seen
+        seen, self.token_sha = self.seen, None
         self.worst, self.worst_at, self.max_kld = 0.0, "", 0.0
         out = self.shard(item)
         st = {k: int(getattr(self, k) - before[k]) for k in resume.STAT_KEYS}
         st.update(positions=self.seen - seen, max_kld=self.max_kld, worst=self.worst, worst_at=self.worst_at,
-                  length=out["length"] if out is not None else None)
+                  length=out["length"] if out is not None else None, token_sha256=self.token_sha)
         return out, st
 
     def conclude(self, stats: dict[str, dict[str, Any]], ids: list[str], cache: ShardCache, out_dir: Path) -> None:
@@ -214,6 +220,7 @@ class Scorer:
             raise FidevalError(f"the candidate gave no logits for {len(missing)} teacher sequences (first {missing[0]!r})",
                                hint="score a candidate made from the same windows")
         folded = resume.fold([stats[sid] for sid in ids])
+        self.sequences = {sid: stats[sid].get("token_sha256") for sid in ids}
         self.rows, self.checked, self.nonfinite, self.top1 = (folded[k] for k in resume.STAT_KEYS)
         self.max_kld, self.worst, self.worst_at, self.lengths = (folded[k] for k in ("max_kld", "worst", "worst_at", "lengths"))
         with self.tl.part("records"):
@@ -223,7 +230,7 @@ class Scorer:
         """The self-check's verdict (the teacher scored against itself): exactly 0 and top-1 everywhere, or one line."""
         result = {"max_kld": self.max_kld, "top1": self.top1 / self.rows if self.rows else 1.0, "rows": self.rows}
         if self.max_kld != 0.0 or self.top1 != self.rows:
-            raise FidevalError(f"self-check failed: the teacher scored against itself gives max |KLD| {self.max_kld:.3g} and "
+            raise SelfCheckFailed(f"self-check failed: the teacher scored against itself gives max |KLD| {self.max_kld:.3g} and "
                                f"top-1 {result['top1']:.6f} (expected exactly 0 and 1)",
                                hint=f"the {self.kernel} kernel is broken on this device")
         return result
@@ -239,8 +246,38 @@ def _parts_of(items: Any, tl: Timeline, part: str | None) -> Any:
         yield item
 
 
-class KernelMismatch(FidevalError):
+class SuspectRows(FidevalError):
+    """The scored rows themselves are wrong, so a failed run keeps none of them (:func:`rows_suspect`): non-finite
+    candidate logits here; the subclasses below."""
+
+
+class KernelMismatch(SuspectRows):
     """The fast kernel disagrees with the float64 reference: the run fails and keeps nothing it scored."""
+
+
+class SelfCheckFailed(SuspectRows):
+    """The teacher scored against itself is not exactly 0 everywhere: the kernel is broken on this device."""
+
+
+def rows_suspect(e: FidevalError) -> bool:
+    """Whether a failed run's scored rows are themselves suspect, so that none may be kept for a rerun.
+
+    A failed CPU check (:class:`KernelMismatch`) or self-check (the teacher against itself not exactly 0) says the
+    kernel computed wrong numbers: every row it scored is wrong. Non-finite candidate rows (``on_nonfinite:
+    fail``) count with them: NaN/inf logits say the candidate's computation is broken (overflowing weights, a
+    broken model run, or the run that wrote a candidate store), so the finite rows of the same run are not to be
+    trusted either; and a model run's rows are kept under a key naming the model by id, revision, quant spec and
+    settings, not its weights' bytes, so a fix made in place (weights fetched again under the same revision) would
+    be served the broken run's rows. Anything else (a corrupt or truncated teacher or candidate shard, a full
+    disk, a refused write, a candidate that gave no logits for a sequence) is about the inputs or the disk: the
+    shards already scored stay valid under the keys of their own inputs, and a rerun re-uses only those."""
+    return isinstance(e, SuspectRows)
+
+
+def resumable(e: FidevalError, kept: str, rest: str) -> FidevalError:
+    """``e``'s line saying what was kept (``kept``) and that a rerun of the same command resumes (``rest``)."""
+    again = f"a rerun of the same command resumes: {rest}"
+    return FidevalError(f"{e.message}; {kept}", hint=f"{e.hint}; {again}" if e.hint else again)
 
 
 def shard_inputs(candidate: Candidate, kernel: str, dev: torch.device, settings: ScoreSettings) -> dict[str, Any]:
@@ -255,12 +292,15 @@ def shard_inputs(candidate: Candidate, kernel: str, dev: torch.device, settings:
             "records_version": RECORDS_VERSION, "fideval": [tool["version"], tool["git_commit"]]}
 
 
-def _teacher_block(teacher: TeacherRows, store: str | None) -> TeacherRef:
+def _teacher_block(teacher: TeacherRows, store: str | None, ids: list[str]) -> TeacherRef:
     man = Path(teacher.root) / "manifest.json"
+    shards = {sid: teacher.entry(sid).get("sha256") for sid in ids}
     return TeacherRef(store=str(store if store is not None else teacher.root), model_id=teacher.meta.get("model_id"),
                       lossy=teacher.meta.get("lossy") or None,
                       model_revision=teacher.meta.get("model_revision"),
-                      manifest_sha256=sha256_file(man) if man.exists() else None, kind=teacher.meta.get("kind"))
+                      manifest_sha256=sha256_file(man) if man.exists() else None, kind=teacher.meta.get("kind"),
+                      settings_sha256=teacher.meta.get("settings_sha256"),
+                      shards=shards if shards and all(shards.values()) else None)
 
 
 def self_check(teacher: TeacherRows, *, device: str = "auto", kernel: str = "auto") -> dict[str, Any]:
@@ -281,8 +321,12 @@ def self_check(teacher: TeacherRows, *, device: str = "auto", kernel: str = "aut
 
 def summarize(run: Scorer, candidate: Candidate, teacher: TeacherRows, teacher_spec: str | None, settings: ScoreSettings,
               dev: torch.device, kernel: str, rule: str | None, checked_self: dict[str, Any] | None,
-              profile: dict[str, Any]) -> dict[str, Any]:
-    """score.json's content (fideval.formats.score) for a finished run."""
+              profile: dict[str, Any], out_dir: Path) -> dict[str, Any]:
+    """score.json's content (fideval.formats.score) for a finished run whose records.parquet is in ``out_dir``: with
+    the links of the chain of custody (docs/formats.md): the records' SHA-256, each sequence's token SHA-256 and
+    teacher shard SHA-256, the candidate's fingerprint."""
+    from fideval.provenance import canonical_hash
+
     try:
         from fideval.provenance import tool_block
 
@@ -291,13 +335,15 @@ def summarize(run: Scorer, candidate: Candidate, teacher: TeacherRows, teacher_s
         tool = None
     return dump(ScoreSummary(
         candidate=candidate.name, path=candidate.path, length=next(iter(run.lengths)) if len(run.lengths) == 1 else None,
-        rows=run.rows, teacher=_teacher_block(teacher, teacher_spec), lossy_rule=rule,
+        rows=run.rows, teacher=_teacher_block(teacher, teacher_spec, list(run.sequences)), lossy_rule=rule,
         cpu_check=CpuCheck(rows_checked=run.checked, max_rel_diff=run.worst, tolerance=settings.cpu_check_tolerance,
                            every=settings.cpu_check_every, worst=run.worst_at or None),
         self_check=SelfCheck(**checked_self) if checked_self is not None else None, nonfinite_rows=run.nonfinite,
         on_nonfinite=settings.on_nonfinite, device=torch.cuda.get_device_name(dev) if dev.type == "cuda" else "cpu",
         kernel=kernel, figures=list(FIGURES), records=RECORDS_FILE, candidate_info=candidate.info, tool=tool,
-        profile=RunProfile(**profile)))
+        profile=RunProfile(**profile), records_sha256=sha256_file(Path(out_dir) / RECORDS_FILE),
+        sequences=dict(run.sequences) or None,
+        candidate_sha256=canonical_hash(candidate.info) if candidate.info is not None else None))
 
 
 def score_candidate(teacher: StoreReader, candidate: Candidate, out_dir: str | Path, settings: ScoreSettings = ScoreSettings(), *,
@@ -372,11 +418,19 @@ def score_candidate(teacher: StoreReader, candidate: Candidate, out_dir: str | P
             run.conclude(stats, ids, cache, out_dir)
             if candidate.is_teacher:
                 checked_self = run.self_result()
-    except FidevalError:
-        # a failed run keeps nothing (a wrong kernel, bad logits: its inputs must change before a rerun, and
-        # so would every key); an interrupted or killed one keeps what it scored
-        cache.clear()
-        raise
+    except FidevalError as e:
+        if rows_suspect(e):  # a wrong kernel or broken candidate logits: nothing scored is kept
+            cache.clear()
+            if isinstance(e, SelfCheckFailed):  # raised after conclude: its records.parquet holds those rows
+                (out_dir / RECORDS_FILE).unlink(missing_ok=True)
+            raise
+        # about the inputs or the disk: the shards already scored are kept under the keys of their own inputs
+        kept = sum(cache.load(sid, keys[sid]) is not None for sid in ids)
+        if not kept:
+            raise
+        raise resumable(e, f"{kept} of {len(ids)} shards are scored and kept in {cache.dir}",
+                        f"only the other {len(ids) - kept} are scored" if kept < len(ids)
+                        else "none is scored again, the records are assembled from them") from None
     except KeyboardInterrupt:
         kept = sum(cache.load(sid, keys[sid]) is not None for sid in ids)
         raise Interrupted(f"score interrupted: {kept} of {len(ids)} shards are scored and kept in {cache.dir}",
@@ -391,7 +445,7 @@ def score_candidate(teacher: StoreReader, candidate: Candidate, out_dir: str | P
         peak = settings.peak_tflops or accounting.peak_tflops(accounting.device_name(dev), dtype)
     profile = accounting.summary(time.perf_counter() - t0, parts, device=accounting.device_name(dev), tokens=tokens or None,
                       model_flops=tokens * candidate.flops_per_token if model_run else None, peak=peak)
-    summary = summarize(run, candidate, teacher, teacher_spec, settings, dev, kernel, rule, checked_self, profile)
+    summary = summarize(run, candidate, teacher, teacher_spec, settings, dev, kernel, rule, checked_self, profile, out_dir)
     write_json(out_dir / "score.json", summary)
     cache.clear()
     return summary

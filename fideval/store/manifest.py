@@ -20,6 +20,7 @@ from pathlib import Path
 from typing import Any
 
 from fideval.errors import FidevalError
+from fideval.formats import nesting
 from fideval.formats.model import dump, parse
 from fideval.formats.store import MANIFEST, ShardEntry, StoreManifest
 from fideval.fsio import write_json
@@ -60,7 +61,7 @@ def _read_json(path: Path, limit: int) -> Any:
         size = path.stat().st_size
         if size > limit:
             raise FidevalError(f"{path} is {size} bytes, more than a manifest can be ({limit})", hint="is this a store?")
-        return json.loads(path.read_bytes().decode("utf-8"))
+        return nesting.loads(path.read_bytes().decode("utf-8"))
     except (UnicodeDecodeError, json.JSONDecodeError):
         raise FidevalError(f"{path} is not valid JSON", hint="rebuild or re-download the store") from None
     except FileNotFoundError:

@@ -16,6 +16,7 @@ from pathlib import Path
 import numpy as np
 
 from fideval.errors import FidevalError
+from fideval.formats.store import settings_fingerprint
 from fideval.fsio import sha256_file
 from fideval.store import manifest as mf
 from fideval.store.reader import StoreReader
@@ -62,6 +63,7 @@ def verify_store(root: str | Path) -> tuple[list[str], dict[str, int]]:
         tokens = np.fromfile(path, dtype="<i4", count=head.length, offset=head.token_ids_offset)
         if tokens.size and (tokens.min() < 0 or tokens.max() >= head.vocab):
             problems.append(f"shard {name}: token ids outside [0, {head.vocab})")
+        problems += _chain(name, head.meta, tokens, reader.meta)
         if head.rows:
             logits = np.memmap(path, dtype="<f4", mode="r", offset=head.logits_offset, shape=(head.rows, head.vocab))
             bad_rows = [a + int(r) for a in range(0, head.rows, _ROWS_PER_SCAN)
@@ -99,3 +101,28 @@ def verify_store(root: str | Path) -> tuple[list[str], dict[str, int]]:
                         problems.append(f"{mf.INDEX}: row for {sid} differs from the manifest")
                         break
     return problems, totals
+
+
+def _chain(name: str, meta: dict[str, str], tokens: np.ndarray, store_meta: dict[str, str]) -> list[str]:
+    """A shard's links (docs/formats.md, 'The chain of custody'): its tokens against its ``token_sha256``, its
+    ``settings_sha256`` against its own teacher block and the store's (one store, one teacher). Shards written
+    before these keys existed carry neither: nothing to check."""
+    import hashlib
+    import json
+
+    out = []
+    want = meta.get("token_sha256")
+    if want is not None and hashlib.sha256(np.ascontiguousarray(tokens, dtype="<i4").tobytes()).hexdigest() != want:
+        out.append(f"shard {name}: its token ids do not hash to its token_sha256 (altered)")
+    fp = meta.get("settings_sha256")
+    if fp is not None:
+        try:
+            block = json.loads(meta.get("teacher") or "{}")
+        except ValueError:
+            block = None
+        if not isinstance(block, dict) or settings_fingerprint(block) != fp:
+            out.append(f"shard {name}: its teacher block does not hash to its settings_sha256 (altered)")
+        if store_meta.get("settings_sha256") not in (None, fp):
+            out.append(f"shard {name}: computed with other settings than the store's ({fp[:12]}... vs "
+                       f"{store_meta['settings_sha256'][:12]}...): the store mixes two teachers")
+    return out

@@ -21,6 +21,7 @@ revision, tokenizer, vocabulary or kind is an error, not a skip.
 from __future__ import annotations
 
 import contextlib
+import hashlib
 from pathlib import Path
 from typing import Any
 
@@ -129,7 +130,9 @@ class StoreWriter:
             raise FidevalError(f"{seq_id}: {len(bad)} logit rows hold NaN or inf (first: row {bad[0]})",
                                hint="the teacher run is broken; check its dtype and inputs")
         meta = {**self.meta, **(extra_meta or {}), "format": FORMAT, "version": VERSION, "seq_id": seq_id,
-                "window_id": str(window_id), "domain": str(domain), "row_start": str(row_start)}
+                "window_id": str(window_id), "domain": str(domain), "row_start": str(row_start),
+                # the windows' own hash of these tokens (eval-windows.json): the link from a shard back to its windows
+                "token_sha256": hashlib.sha256(tk.tobytes()).hexdigest()}
         path = self.root / shard_rel(seq_id)
         sha, nbytes = write_shard(path, lg, tk, meta)
         entry = {"file": shard_rel(seq_id), "sha256": sha, "bytes": nbytes, "rows": int(lg.shape[0]),

@@ -16,6 +16,7 @@ from typing import Any
 import numpy as np
 
 from fideval.errors import FidevalError
+from fideval.formats import nesting
 
 
 def load_tokenizer(folder: Path, trust_remote_code: bool = False) -> Any:
@@ -41,10 +42,9 @@ def load_tokenizer(folder: Path, trust_remote_code: bool = False) -> Any:
 
 def _not_transformers_config(folder: Path) -> bool:
     """config.json names no transformers ``model_type`` (unreadable or absent counts as not one either)."""
-    import json
 
     try:
-        return "model_type" not in json.loads((folder / "config.json").read_text())
+        return "model_type" not in nesting.loads((folder / "config.json").read_text())
     except (OSError, ValueError, TypeError):
         return True
 

@@ -15,6 +15,7 @@ from typing import Any
 import numpy as np
 
 from fideval.errors import FidevalError
+from fideval.formats import nesting
 from fideval.formats.ids import cut_ids
 from fideval.formats.model import dump, parse
 from fideval.formats.windows import FILE as WINDOWS_FILE
@@ -106,7 +107,7 @@ def read_eval_windows(folder: Path) -> dict[str, Any]:
     if not path.is_file():
         raise FidevalError(f"no {EVAL_WINDOWS} in {folder}", hint="run 'fideval windows' first")
     try:
-        rec = json.loads(path.read_text(encoding="utf-8"))
+        rec = nesting.loads(path.read_text(encoding="utf-8"))
     except (json.JSONDecodeError, UnicodeDecodeError):
         raise FidevalError(f"{path} is not valid JSON", hint="rebuild the windows") from None
     parse(EvalWindows, rec, str(path))

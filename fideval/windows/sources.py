@@ -29,6 +29,7 @@ from typing import Any
 
 from fideval.config import HubSource, LocalSource, resolve_path
 from fideval.errors import FidevalError
+from fideval.formats import nesting
 
 HEX40 = re.compile(r"^[0-9a-f]{40}$")
 
@@ -101,7 +102,7 @@ def _jsonl_row(path: Path, i: int, line: str) -> dict | None:
     if not line.strip():
         return None
     try:
-        row = json.loads(line)
+        row = nesting.loads(line)
     except json.JSONDecodeError:
         raise FidevalError(f"{path}:{i} is not valid JSON", hint="one JSON object per line") from None
     if not isinstance(row, dict):

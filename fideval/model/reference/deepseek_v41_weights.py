@@ -30,7 +30,6 @@ as its ``load_state_dict`` would.
 
 from __future__ import annotations
 
-import json
 from collections.abc import Callable
 from pathlib import Path
 
@@ -38,6 +37,7 @@ import numpy as np
 import torch
 
 from fideval.errors import FidevalError
+from fideval.formats import nesting
 from fideval.model.execution.transforms import transform_weight
 from fideval.model.weights.checkpoint import WeightSource
 from fideval.quant.module_classes import vendor_module_class
@@ -65,7 +65,7 @@ class NameMap:
         if not path.is_file():
             return cls()
         try:
-            data = json.loads(path.read_text())
+            data = nesting.loads(path.read_text())
             prefix, comps = data.get("strip_prefix", ""), data.get("components", {})
             ok = isinstance(prefix, str) and isinstance(comps, dict) and not set(data) - {"strip_prefix", "components"}
             if not ok or not all(isinstance(k, str) and isinstance(v, str) for k, v in comps.items()):

@@ -22,6 +22,7 @@ import numpy as np
 import torch
 
 from fideval.errors import FidevalError
+from fideval.formats import nesting
 from fideval.model.device import resolve_device
 from fideval.model.execution import determinism
 from fideval.model.execution.hooks import check_act_transform
@@ -191,14 +192,13 @@ class ConfigOnly:
     config_only = True
 
     def __init__(self, folder: str | Path):
-        import json
 
         from fideval.model.weights.fp8_release import detect
 
         self.dir = self.config_dir = Path(folder)
         cfg = self.dir / "config.json"
         try:
-            self.config_dict = json.loads(cfg.read_text())
+            self.config_dict = nesting.loads(cfg.read_text())
         except (OSError, ValueError) as e:
             raise FidevalError(f"{cfg} is not readable JSON ({type(e).__name__})", hint="fix or re-download config.json") from None
         self.release = detect(self.config_dict, cfg)

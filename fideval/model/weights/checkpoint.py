@@ -12,7 +12,6 @@ A bad header, a tensor past the end of its file, or a key missing from the index
 from __future__ import annotations
 
 import functools
-import json
 import os
 import threading
 from dataclasses import dataclass
@@ -22,7 +21,7 @@ from typing import Protocol, runtime_checkable
 import torch
 
 from fideval.errors import FidevalError
-from fideval.formats import safetensors
+from fideval.formats import nesting, safetensors
 from fideval.model.weights.reading import reader_pool
 
 MAX_HEADER = safetensors.MAX_HEADER
@@ -120,14 +119,14 @@ class Checkpoint:
         if not cfg.is_file():
             raise FidevalError(f"{cfg} not found", hint="--model must be a Hugging Face checkpoint folder with config.json")
         try:
-            self.config_dict = json.loads(cfg.read_text())
+            self.config_dict = nesting.loads(cfg.read_text())
         except (OSError, ValueError) as e:
             raise FidevalError(f"{cfg} is not valid JSON ({type(e).__name__})", hint="fix or re-download config.json") from None
         self.tensors: dict[str, TensorInfo] = {}
         index = self.dir / INDEX
         if index.is_file():
             try:
-                weight_map = json.loads(index.read_text())["weight_map"]
+                weight_map = nesting.loads(index.read_text())["weight_map"]
                 files = sorted(set(weight_map.values()))
             except (OSError, ValueError, KeyError, TypeError, AttributeError):
                 raise FidevalError(f"{index} has no valid weight_map", hint="re-download the checkpoint") from None

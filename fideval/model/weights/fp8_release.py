@@ -22,7 +22,6 @@ all of DeepSeek-V3), so all of them are read up front. :func:`detect` refuses wh
 
 from __future__ import annotations
 
-import json
 import math
 from dataclasses import dataclass
 from pathlib import Path
@@ -30,6 +29,7 @@ from pathlib import Path
 import torch
 
 from fideval.errors import FidevalError
+from fideval.formats import nesting
 from fideval.quant.fp8 import dequant_blocks
 
 SUFFIX = "_scale_inv"
@@ -244,7 +244,7 @@ def reference_config(reference_dir: Path) -> dict:
     release is a reference; another quantization is refused."""
     p = Path(reference_dir) / "config.json"
     try:
-        cfg = json.loads(p.read_text())
+        cfg = nesting.loads(p.read_text())
     except FileNotFoundError:
         raise FidevalError(f"{p} not found", hint="model.path must be the reference checkpoint folder") from None
     except (OSError, ValueError) as e:
