@@ -20,7 +20,7 @@ from gguf_rewrite import rewrite_gguf
 from model_fixtures import tokens
 from scipy.special import log_softmax, rel_entr
 from test_gguf_moe import DATA, oracle_folder
-from test_validate import config, refused, validate, with_tokenizer
+from test_validate import config, refused, validate
 
 from fideval.fsio import sha256_file
 from fideval.model.runner import Runner
@@ -87,9 +87,24 @@ def test_truncated_gguf_is_one_line_and_writes_nothing(setup):
     assert not out.exists() or not any(out.iterdir())
 
 
+def small_tokenizer(folder: Path, vocab: int) -> Path:
+    """A word-level tokenizer of ``vocab`` tokens (BOS and EOS among them) into ``folder``: the committed GGUF fixture's
+    model has a vocabulary of 64, and validate refuses a tokenizer larger than the model's vocabulary."""
+    from tokenizers import Tokenizer, models, pre_tokenizers
+    from transformers import PreTrainedTokenizerFast
+
+    words = ["<s>", "</s>", "<unk>"] + [f"w{i}" for i in range(vocab - 3)]
+    tok = Tokenizer(models.WordLevel({w: i for i, w in enumerate(words)}, unk_token="<unk>"))
+    tok.pre_tokenizer = pre_tokenizers.Whitespace()
+    fast = PreTrainedTokenizerFast(tokenizer_object=tok, bos_token="<s>", eos_token="</s>", unk_token="<unk>")
+    assert len(fast) == vocab
+    fast.save_pretrained(str(folder))
+    return folder
+
+
 def test_validate_checks_the_gguf_metadata(tmp_path):
-    ref = with_tokenizer(Path(shutil.copytree(DATA / "deepseek_v3", tmp_path / "ref",
-                                              ignore=shutil.ignore_patterns("*.gguf"))))
+    ref = Path(shutil.copytree(DATA / "deepseek_v3", tmp_path / "ref", ignore=shutil.ignore_patterns("*.gguf")))
+    small_tokenizer(ref, json.loads((ref / "config.json").read_text())["vocab_size"])
     good = DATA / "deepseek_v3" / "model.gguf"
     cand = [{"name": "b", "checkpoint": str(good), "paths": ["weights-only"]}]
     r = validate(config(tmp_path, ref, candidates=cand))

@@ -148,7 +148,8 @@ def test_score_on_both_paths_and_the_report_record_the_code(ran):
     assert not np.array_equal(kld["weights-only"], kld["serving"])  # E4M3 activations into the experts
     res = run_fideval("report", "--records", tmp / "scored-weights-only", "--records", tmp / "scored-serving",
                       "--teacher-manifest", tmp / "teacher" / "manifest.json", "--config", ran["path"],
-                      "--out", tmp / "report", "--no-plots", "--resamples", "100")
+                      "--out", tmp / "report", "--no-plots", "--resamples", "100",
+                      "--allow-partial")  # a few cuts of the config's windows: a report marked partial
     assert res.code == 0, res.stderr
     ref = json.loads((tmp / "report" / "report.json").read_text())["provenance"]["reference"]
     assert ref["implementation"] == "reference" and ref["trust_remote_code"] is True
