@@ -15,7 +15,7 @@ import sys
 
 import typer
 
-from fideval.commands import config_cmd, fused, quant, report, score, selftest, store, teacher, windows
+from fideval.commands import compare, config_cmd, fused, quant, report, score, selftest, store, teacher, windows
 from fideval.errors import FidevalError, Interrupted, StopSignals
 
 app = typer.Typer(
@@ -44,6 +44,8 @@ VERBS = [
     (None, "report", report.report),
     (None, "card", report.card),
     (None, "check", report.check),
+    (None, "compare", compare.compare),
+    (None, "plan", compare.plan),
 ]
 GROUPS = {"quant": quant.HELP}
 

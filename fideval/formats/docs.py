@@ -14,7 +14,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 from fideval.errors import FidevalError
-from fideval.formats import records, report, score, store, windows
+from fideval.formats import comparison, records, report, score, store, windows
 from fideval.formats.model import fields_table
 
 DOCS = Path(__file__).resolve().parents[2] / "docs"
@@ -30,6 +30,9 @@ _MODELS = {
     "report.dataset": report.Dataset, "report.dataset.window": report.DatasetWindow,
     "report.input": report.Input, "report.part": report.Part, "report.result": report.Result,
     "report.gates": report.Gates, "report.plot": report.Plot,
+    "comparison": comparison.Comparison, "comparison.settings": comparison.Settings,
+    "comparison.build": comparison.Build, "comparison.pair": comparison.Pair, "comparison.family": comparison.Family,
+    "comparison.interval": comparison.Interval,
 }
 TABLES: dict[str, Callable[[], str]] = {name: (lambda m=m: fields_table(m)) for name, m in _MODELS.items()}
 TABLES["records"] = records.columns_table
