@@ -205,9 +205,11 @@ class Candidate(Strict):
                                 "for the gguf formats of `quant` llama.cpp quantizes with one (gguf_q2_k..gguf_q6_k, gguf_iq4_nl, "
                                 "gguf_iq4_xs, gguf_q4_0, gguf_q4_1, gguf_q5_0, gguf_q5_1) or its gguf_mix, "
                                 "used as llama-quantize --imatrix uses it")
-    paths: list[Literal["serving", "weights-only"]] = Field(
+    paths: list[Literal["serving", "weights-only", "llamacpp"]] = Field(
         default_factory=lambda: ["serving", "weights-only"],
-        description="'serving' quantizes activations entering quantized modules to E4M3 per 1x128; 'weights-only' does not",
+        description="'serving' quantizes activations entering quantized modules to E4M3 per 1x128; 'weights-only' does not; "
+                    "'llamacpp' (GGUF candidates: a .gguf checkpoint or gguf_mix) rounds each quantized linear's input as "
+                    "llama.cpp's CPU backend does for the tensor's GGML type (Q8_0/Q8_1/Q8_K/F16; docs/quant.md)",
     )
 
     @model_validator(mode="after")

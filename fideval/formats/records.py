@@ -17,7 +17,8 @@ FILE = "records.parquet"
 SPEC = (
     ("candidate", "string", "candidate name (CLI `--name`, default the candidate store's folder name; `self` for a "
      "self-check)"),
-    ("path", "string", "`serving`, `weights-only` (model run on the fly) or `store` (candidate logits read from a store)"),
+    ("path", "string", "`serving`, `weights-only`, `llamacpp` (model run on the fly: docs/quant.md) or `store` (candidate "
+     "logits read from a store)"),
     ("length", "int32", "the sequence's length `L` (e.g. 2048 for a cut, 8192 for a window)"),
     ("seq_id", "string", "the sequence (window or cut id), from the teacher store's manifest"),
     ("window_id", "string", "the window the sequence belongs to, from the teacher store's manifest"),

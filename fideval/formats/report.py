@@ -117,7 +117,7 @@ class Result(Model):
     HINT = _HINT
 
     candidate: str = key("candidate name")
-    path: str = key("`serving`, `weights-only` or `store`")
+    path: str = key("`serving`, `weights-only`, `llamacpp` or `store`")
     length: int = key("sequence length")
     rows: int = key("records rows")
     clusters: int = key("windows with rows")

@@ -77,7 +77,7 @@ class ScoreSummary(Model):
     format: str = key("`fideval.score`", default=FORMAT)
     version: int = key("`1`", default=VERSION)
     candidate: str = key("candidate name, as in the records' `candidate` column")
-    path: str = key("`serving`, `weights-only` or `store`, as in the records' `path` column")
+    path: str = key("`serving`, `weights-only`, `llamacpp` or `store`, as in the records' `path` column")
     length: int | None = key("the common sequence length, or null when the run mixes lengths")
     rows: int | None = key("records rows written (non-finite rows skipped are not counted)", default=None)
     teacher: TeacherRef | None = key("the teacher store scored against", default=None)

@@ -8,7 +8,9 @@ quantization is the only difference between the two.
 The quant spec becomes two hooks for the runner: ``weight_transform`` quantizes->dequantizes each listed
 weight once, as its layer is materialised (never per token), and on the *serving* path ``act_transform``
 quantizes the activations entering those modules to E4M3 per 1x128 as the serving kernels do; the
-*weights-only* path leaves activations alone. Bits per weight are counted from the checkpoint's headers.
+*weights-only* path leaves activations alone; the *llamacpp* path (GGUF candidates) rounds the input of each quantized
+linear as llama.cpp's CPU backend does for the tensor's GGML type (:mod:`fideval.quant.ggml_path`). Bits per weight
+are counted from the checkpoint's headers.
 
 The settings that shape the bits (dtype, micro-batch, MLP token block and chunk, model id and revision,
 tokenizer) are the teacher's, read back from its store's manifest: a model run with other settings would
@@ -57,7 +59,7 @@ class Candidate:
     """What ``fideval score`` scores: shards in the order they come, and what score.json records."""
 
     name: str  # the records' candidate column
-    path: str  # serving, weights-only or store
+    path: str  # serving, weights-only, llamacpp or store
     shards: Iterable[CandidateShard]
     info: dict[str, Any] | None = None  # score.json's candidate_info (source, quant spec, bits per weight)
     order: list[str] | None = None  # the seq ids in the shards' order, when known up front (a store's)
@@ -196,7 +198,7 @@ def _model_run(files: ModelFiles, teacher: StoreReader, settings: dict[str, Any]
 
 
 def from_config(cfg: Config, name: str, path: str, teacher: StoreReader, device: str) -> Candidate:
-    """Candidate ``name`` of ``cfg`` on ``path`` (serving or weights-only), run over the teacher's sequences
+    """Candidate ``name`` of ``cfg`` on ``path`` (serving, weights-only or llamacpp), run over the teacher's sequences
     with the teacher's settings (:func:`teacher_settings`): its ``checkpoint:`` (a real build) when it names
     one, else its ``quant:`` spec emulated on the reference checkpoint."""
     from fideval.model_source import locate
@@ -228,8 +230,10 @@ def describe(cfg: Config, cand: CandidateConfig, path: str, files: ModelFiles) -
     """The runner's hooks for candidate ``cand`` on ``path`` and score.json's ``candidate_info`` (without the run
     settings, which join it once the runner is built)."""
     hooks, info = (_real if cand.checkpoint is not None else _emulated)(cand, path, files)
-    return hooks, {"model_id": cfg.model.id, "model_revision": files.revision,
-                   "activations": "e4m3 per 1x128" if path == "serving" else "none", **info}
+    from fideval.quant.ggml_path import DESCRIPTION
+
+    acts = {"serving": "e4m3 per 1x128", "llamacpp": DESCRIPTION}.get(path, "none")
+    return hooks, {"model_id": cfg.model.id, "model_revision": files.revision, "activations": acts, **info}
 
 
 def _emulated(cand: Any, path: str, files: Any) -> tuple[dict[str, Any], dict[str, Any]]:
@@ -243,9 +247,16 @@ def _emulated(cand: Any, path: str, files: Any) -> tuple[dict[str, Any], dict[st
     if mix is not None:  # llama-quantize's named mix: every weight, the embedding included (fideval.quant.gguf_mix_spec)
         im, im_info = read_candidate_imatrix(cand)
         spec = MixSpec(mix, files.folder, im)
-        hooks = {"weight_transform": spec.weight_transform, "act_transform": spec.act_transform if path == "serving" else None}
+        act, ggml = spec.act_transform if path == "serving" else None, None
+        if path == "llamacpp":  # ggml's activation rounding by the plan's types (fideval.quant.ggml_path)
+            from fideval.quant import ggml_path
+
+            table = ggml_path.for_mix(spec)
+            act, ggml = ggml_path.act_transform(table) or None, ggml_path.summary(table)
+        hooks = {"weight_transform": spec.weight_transform, "act_transform": act}
         info = {"source": "emulated", "quant": quant, "bits_per_weight": spec.bits()}
-        return hooks, {**info, **({"imatrix": im_info} if im_info else {})}
+        return hooks, {**info, **({"imatrix": im_info} if im_info else {}), **({"ggml_activations": ggml} if ggml else {})}
+    llamacpp_refusal(cand, path)
     im, im_info = imatrix_lookup(cand, files.folder)
     spec = compile_spec(quant, imatrix=im)
     by_class = class_shapes(files.folder)
@@ -281,6 +292,23 @@ def imatrix_lookup(cand: Any, model_dir: Any) -> tuple[Any, dict[str, Any] | Non
     return ImatrixLookup(im, cfg.get("model_type"), int(cfg.get("num_hidden_layers") or 0)), info
 
 
+def llamacpp_refusal(cand: Any, path: str, ckpt: Any = None) -> None:
+    """One-line error for path 'llamacpp' on a candidate that is not a whole GGUF build (a real .gguf ``checkpoint``, or
+    ``quant: {gguf_mix: ...}``): only a GGUF says which GGML type, hence which activation format, each tensor has."""
+    if path != "llamacpp":
+        return
+    if ckpt is not None:
+        from fideval.model.weights.gguf_checkpoint import GGUFCheckpoint
+
+        if isinstance(ckpt, GGUFCheckpoint):
+            return
+    if ckpt is None and cand.quant is not None and getattr(cand.quant, "gguf_mix", None) is not None:
+        return
+    raise FidevalError(f"candidate {cand.name!r}: path 'llamacpp' needs a GGUF candidate (a .gguf checkpoint or quant: "
+                       "{gguf_mix: ...}): only a GGUF gives every tensor the GGML type its activations follow",
+                       hint="score this candidate on serving or weights-only")
+
+
 def checkpoint_hooks(ckpt: Any, path: str) -> dict:
     """A real build's serving path: activations entering the module classes the build quantizes go through
     E4M3 per 1x128 (fp32 scales), exactly as an emulated candidate's do; weights-only leaves them alone."""
@@ -297,6 +325,11 @@ def checkpoint_hooks(ckpt: Any, path: str) -> dict:
 def serving_hooks(cand: Any, ckpt: Any, src: Any, path: str) -> dict:
     """:func:`checkpoint_hooks`, refusing a serving path on a build that quantizes no module class (it would
     only repeat weights-only). ``fideval validate`` asks this of every path a real build is scored on."""
+    if path == "llamacpp":
+        llamacpp_refusal(cand, path, ckpt)
+        from fideval.quant import ggml_path
+
+        return ggml_path.act_transform(ggml_path.for_checkpoint(ckpt))
     act = checkpoint_hooks(ckpt, path)
     if path == "serving" and not act:
         raise FidevalError(f"candidate {cand.name!r}: checkpoint {src} quantizes no module class, so 'serving' equals 'weights-only'",
@@ -334,7 +367,12 @@ def _real(cand: Any, path: str, files: Any) -> tuple[dict[str, Any], dict[str, A
 
         bits, kind = gguf_bits(src), f"gguf ({ckpt.arch})"
     info = {"source": "checkpoint", "checkpoint": {"path": str(cand.checkpoint), "kind": kind, **checkpoint_identity(src)},
-            "quantized_classes": sorted(act) if act else sorted(ckpt.quantized_classes()), "bits_per_weight": bits}
+            "quantized_classes": sorted(act) if act and path == "serving" else sorted(ckpt.quantized_classes()),
+            "bits_per_weight": bits}
+    if path == "llamacpp":
+        from fideval.quant import ggml_path
+
+        info["ggml_activations"] = ggml_path.summary(ggml_path.for_checkpoint(ckpt))
     return {"act_transform": act or None, "checkpoint": ckpt}, info
 
 
@@ -409,11 +447,11 @@ def select(teacher: StoreReader, spec: str | None, path: str, settings: ScoreSet
     """The candidate ``fideval score`` is asked for: with a config, its candidate ``spec`` run on ``path``;
     else the logit store at ``spec`` (named ``name``, default its folder's name); with neither and
     ``self_check``, the teacher itself."""
-    if path not in ("serving", "weights-only", "store"):
-        raise FidevalError(f"--path {path!r}: expected serving, weights-only or store")
+    if path not in ("serving", "weights-only", "llamacpp", "store"):
+        raise FidevalError(f"--path {path!r}: expected serving, weights-only, llamacpp or store")
     if cfg is not None:
         if spec is None or path == "store":
-            raise FidevalError("with --config give --candidate NAME and --path serving|weights-only",
+            raise FidevalError("with --config give --candidate NAME and --path serving|weights-only|llamacpp",
                                hint="names and paths are in the config's candidates")
         return from_config(cfg, spec, path, teacher, settings.device)
     if spec is None:

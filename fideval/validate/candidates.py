@@ -7,7 +7,9 @@
 * A real build (``checkpoint:``): opened by the classes that will decode it (:func:`open_real`:
   ``QuantizedCheckpoint``'s quantization_config, architecture and tensor plan from the safetensors headers;
   ``GGUFCheckpoint``'s architecture, name map and shapes from the GGUF header), and each of its paths
-  (:func:`fideval.score.candidate.serving_hooks`: 'serving' needs a quantized class).
+  (:func:`fideval.score.candidate.serving_hooks`: 'serving' needs a quantized class, 'llamacpp' a GGUF whose
+  tensors' activation formats the runner's hooks can tell apart, :mod:`fideval.quant.ggml_path`).
+* 'llamacpp' on a candidate that is not a whole GGUF build (per-class formats) is refused in one line.
 """
 
 from __future__ import annotations
@@ -24,10 +26,16 @@ if TYPE_CHECKING:
 
 
 def check(cfg: Config, probe: Probe, found: Findings) -> None:
+    from fideval.score.candidate import llamacpp_refusal
+
     for cand in cfg.candidates:
         if cand.quant is not None and cand.quant.gguf_mix is not None:
             _mix(cand, cand.quant.gguf_mix, probe, found, cfg.teacher.model_parallel)
         elif cand.quant is not None:
+            try:
+                llamacpp_refusal(cand, "llamacpp" if "llamacpp" in cand.paths else "")
+            except FidevalError as e:
+                found.add(f"candidates.{cand.name}.paths", e)
             _emulated(cand, probe, found)
         else:
             _real(cand, probe, found)
@@ -130,10 +138,17 @@ def _mix(cand: Any, mix: str, probe: Probe, found: Findings, model_parallel: int
     if probe.folder is None:
         return
     try:
-        MixSpec(mix, probe.folder)
+        spec = MixSpec(mix, probe.folder)
     except FidevalError as e:
         found.add(key, e)
         return
+    if "llamacpp" in cand.paths:  # every tensor's activation format, as the candidate stage hooks them
+        from fideval.quant import ggml_path
+
+        try:
+            ggml_path.for_mix(spec)
+        except FidevalError as e:
+            found.add(f"candidates.{cand.name}.paths", e)
     if im is not None:
         try:
             spec = MixSpec(mix, probe.folder, im)
