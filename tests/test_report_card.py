@@ -256,3 +256,23 @@ def test_a_version_1_report_keeps_its_card(report_dir, tmp_path):
     assert "Mean KLD [BCa 95 %]" in text and "Top-1 [Wilson 95 %]" in text
     assert "beside the default" not in text and "This build" not in text
     assert run_fideval("check", str(p), "--allow-not-run", "all")[0] == 0  # read and gated as before
+
+
+def test_the_llamacpp_path_is_paired_with_weights_only_and_named_in_the_card(tmp_path):
+    """A GGUF build scored on the llamacpp path (ggml's activation rounding) and on weights-only: the report pairs the
+    two as it pairs serving with weights-only, and the card says what the llamacpp path measures."""
+    windows = syn.window_ids(["code", "chat"], 5)
+    args = []
+    for path, eff in (("llamacpp", 1.3), ("weights-only", 1.0)):
+        df = syn.records_frame("q4", path, 128, 128, windows, effect=eff)
+        args += ["--records", str(syn.write_records(tmp_path / path, df, "q4", path, 128, candidate_info=Q4_INFO))]
+    res = run_fideval("report", *args, "--out", str(tmp_path / "report"), "--resamples", "200", "--no-plots")
+    assert res.code == 0, res.stderr
+    rep = json.loads((tmp_path / "report" / "report.json").read_text())
+    (c,) = rep["comparisons"]["paths"]
+    assert (c["minuend"], c["subtrahend"], c["candidate"]) == ("llamacpp", "weights-only", "q4")
+    res = run_fideval("card", str(tmp_path / "report" / "report.json"), "--out", str(tmp_path / "card" / "README.md"))
+    assert res.code == 0, res.stderr
+    text = (tmp_path / "card" / "README.md").read_text()
+    assert "| mean KLD llamacpp - weights-only | 128 tokens |" in text
+    assert "*llamacpp*: the GGUF's weights as stored, each quantized matmul's input rounded as llama.cpp's CPU backend" in text

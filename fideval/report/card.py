@@ -169,8 +169,8 @@ def card_context(
         for c in cmp["builds"]
         if c["numerator"] == candidate
     ]
-    paths = [{"length": c["length"], "value": _ci(c, kind="difference", notes=notes)} for c in cmp["paths"]
-             if c["candidate"] == candidate]
+    paths = [{"length": c["length"], "path": c["minuend"], "value": _ci(c, kind="difference", notes=notes)}
+             for c in cmp["paths"] if c["candidate"] == candidate]
     lengths = [
         {"path": c["path"], "numerator": c["numerator"], "denominator": c["denominator"],
          "value": _ci(c, kind="ratio", notes=notes)}
@@ -227,6 +227,7 @@ def card_context(
         "min_domain_windows": min(dom_clusters) if dom_clusters else 0,
         "builds": builds,
         "paths": paths,
+        "llamacpp": any(r["path"] == "llamacpp" for r in rows),
         "lengths": lengths,
         "checks": checks,
         "plots": plots,

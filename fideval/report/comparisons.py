@@ -1,8 +1,8 @@
 """report.json ``comparisons``: paired ratios and differences of mean KLD on the report's shared resamples.
 
 Two records sets are paired by window id (``fideval/stats/paired.py``): other builds at the same path and
-length (``builds``: ratio, ``build_differences``: difference), the serving and weights-only paths of one
-build (``paths``: difference, ``path_ratios``: ratio) and a shorter against a longer length (``lengths``:
+length (``builds``: ratio, ``build_differences``: difference), an activation path (serving, llamacpp) and the
+weights-only path of one build (``paths``: difference, ``path_ratios``: ratio) and a shorter against a longer length (``lengths``:
 ratio). Each entry is a PAIRED block (the default interval, whether it excludes no difference, and the
 cluster BCa beside it) plus the figure's identity.
 """
@@ -16,6 +16,10 @@ import numpy as np
 from fideval.report.figures import SetFigures
 from fideval.stats.intervals import VARIANT
 from fideval.stats.paired import paired_interval
+
+# the paths that also round activations, each paired with the same build's weights-only path (what the activations
+# add): the seed's serving formats, and llama.cpp's CPU arithmetic for a GGUF (docs/quant.md)
+ACTIVATION_PATHS = ("serving", "llamacpp")
 
 
 def comparisons(
@@ -44,7 +48,7 @@ def comparisons(
                                       **pair("ratio", fa, fb)})
                 out["build_differences"].append({"figure": "mean_kld_difference", **who, "minuend": a[0],
                                                  "subtrahend": b[0], **pair("difference", fa, fb)})
-            if a[0] == b[0] and a[2] == b[2] and (a[1], b[1]) == ("serving", "weights-only"):
+            if a[0] == b[0] and a[2] == b[2] and b[1] == "weights-only" and a[1] in ACTIVATION_PATHS:
                 who = {"candidate": a[0], "length": a[2]}
                 out["paths"].append({"figure": "mean_kld_difference", **who, "minuend": a[1], "subtrahend": b[1],
                                      **pair("difference", fa, fb)})
