@@ -21,7 +21,7 @@ from typing import Any
 
 from fideval.errors import FidevalError
 from fideval.report import card_meta
-from fideval.report.card_intervals import Cell, Notes, beside_context, reason
+from fideval.report.card_intervals import Cell, Notes, beside_context, few_windows, reason
 from fideval.stats.quantiles import TAIL_WINDOWS
 
 TOOL_URL = "https://github.com/fideval/fideval"
@@ -225,6 +225,7 @@ def card_context(
         "headline": headline,
         "domain_rows": domain_rows,
         "min_domain_windows": min(dom_clusters) if dom_clusters else 0,
+        "few_domain_windows": few_windows(min(dom_clusters)) if dom_clusters else None,  # flag `few_windows`
         "builds": builds,
         "paths": paths,
         "llamacpp": any(r["path"] == "llamacpp" for r in rows),

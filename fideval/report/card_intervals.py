@@ -6,17 +6,26 @@ default is the cluster bootstrap-t (``fideval/stats/intervals.py``), with the BC
 beside it. The labels come from the report, so a card never calls one interval by another's name; for a
 version 1 report every field here renders exactly the text cards had before.
 
-An interval the report could not bound (a null end in report.json) or that collapsed to its estimate is never
-printed without a word: :func:`reason` says why from the figure's own fields (``flags``, ``clusters``,
-``strata``, ``se``, ``tail_windows``; docs/formats-report.md, "Guards"), and the printed cell (:class:`Cell`) carries
-a note mark whose text the card lists after its tables (:class:`Notes`). Marks are numbered as the card prints
-the cells, so a template that leaves a table out gets no note for it: a cell registers its note when it is
+An interval the report could not bound (a null end in report.json), that collapsed to its estimate, or that a
+flag says may cover less than its stated level (:func:`thin`) is never printed without a word: :func:`reason`
+says why from the figure's own fields (``flags``, ``clusters``, ``strata``, ``se``, ``tail_windows``;
+docs/formats-report.md, "Guards"), and the printed cell (:class:`Cell`) carries a note mark whose text the card
+lists after its tables (:class:`Notes`). Marks are numbered as the card prints the cells, so a template that
+leaves a table out gets no note for it: a cell registers its note when it is
 rendered, and the notes are listed where the template asks for them (after the tables).
 """
 
 from __future__ import annotations
 
 from typing import Any
+
+from fideval.stats.concentration import (
+    CONCENTRATED_COVERAGE,
+    DOMAIN_COVERAGE,
+    DOMAIN_MEASURED_FROM,
+    DOMAIN_MIN_WINDOWS,
+    EFFECTIVE_SHARE_FLAG,
+)
 
 LABELS = {
     "cluster-bca": "BCa",
@@ -45,6 +54,11 @@ class Notes:
 
     def __len__(self) -> int:
         return len(self.reasons)
+
+    @property
+    def undercover(self) -> bool:
+        """Whether a note says an interval may cover less than its level (:func:`thin`): the card's heading says so."""
+        return any(r.startswith("may undercover") for r in self.reasons)
 
     def __iter__(self):
         return iter([{"mark": str(k + 1).translate(SUPERSCRIPT), "reason": r} for k, r in enumerate(self.reasons)])
@@ -124,7 +138,32 @@ def reason(fig: dict[str, Any] | None, kind: str = "kld") -> str | None:
         shown = ", ".join(f"`{f}`" for f in sorted(flags))
         return (f"no width: on {_windows(fig)} every window resample that varies gives the estimate back, so the "
                 f"interval collapses to it{f' (flags {shown})' if shown else ''}; more windows widen it")
-    return None
+    return thin(fig)
+
+
+def thin(fig: dict[str, Any]) -> str | None:
+    """Why an ordinary interval may cover less than its stated level, from its flags (docs/formats-report.md,
+    "Thin evidence"): ``concentrated`` (a few windows carry much of a mean KLD). None when it is not raised.
+    (``few_windows``, a per-domain mean on few windows, is said once under the per-domain table: :func:`few_windows`.)"""
+    if "concentrated" not in set(fig.get("flags") or []):
+        return None
+    return (f"may undercover: a few windows carry much of this mean's KLD, its effective number of windows "
+            f"(sum S)^2 / sum S^2 under {100 * EFFECTIVE_SHARE_FLAG:g} % of its windows (flag `concentrated`, "
+            f"report.json `concentration`); on windows this concentrated the interval covers {CONCENTRATED_COVERAGE} "
+            "at its stated level, its misses above the upper bound: the samples that miss are those that drew too few "
+            "of the heavy windows, which the window resamples cannot make up, so read the upper bound as uncertain; "
+            "the lower bound holds")
+
+
+def few_windows(fewest: int) -> str | None:
+    """The card's sentence under the per-domain table when a domain's mean rests on fewer than
+    ``DOMAIN_MIN_WINDOWS`` windows (flag ``few_windows``); None otherwise."""
+    if fewest >= DOMAIN_MIN_WINDOWS:
+        return None
+    unmeasured = f"; fewer than {DOMAIN_MEASURED_FROM} were not measured" if fewest < DOMAIN_MEASURED_FROM else ""
+    return (f"Per-domain figures rest on as few as {fewest} windows: a per-domain mean on fewer than "
+            f"{DOMAIN_MIN_WINDOWS} windows is flagged `few_windows`, and there its interval covers {DOMAIN_COVERAGE} "
+            f"at its stated level{unmeasured} (docs/formats-report.md, \"Thin evidence\"): read them as indicative.")
 
 
 def deff_reason(top1: dict[str, Any]) -> str:

@@ -1,12 +1,14 @@
 """Every figure of one records set (a candidate, path and length), on the report's shared resamples.
 
-Means are token-weighted (each scored row counts once, so a long window weighs more than a short one):
-the figure a reader compares across builds is "mean KLD per predicted token". Their default interval is
-the cluster bootstrap-t of ``fideval/stats/studentized.py``, with the cluster BCa of
-``fideval/stats/bootstrap.py`` beside it (``fideval/stats/intervals.py``); top-1 agreement also carries
-the Wilson and design-effect Wilson intervals, labelled: Wilson assumes independent tokens, the others
-account for windows. All per-window sums of a set go into one ``[G, F]`` matrix so every
-mean of the set (overall, per domain, per position bucket) is one matmul with the count matrix.
+Means are token-weighted (each scored row counts once, so a long window weighs more than a short one): the
+figure a reader compares across builds is "mean KLD per predicted token". Their default interval is the
+cluster bootstrap-t of ``fideval/stats/studentized.py``, with the cluster BCa of
+``fideval/stats/bootstrap.py`` beside it (``fideval/stats/intervals.py``); top-1 agreement also carries the
+Wilson and design-effect Wilson intervals, labelled: Wilson assumes independent tokens, the others account
+for windows. A mean KLD stores ``concentration`` beside its interval and may be flagged ``concentrated``; a
+per-domain mean on few windows ``few_windows`` (docs/formats-report.md, "Thin evidence"). All per-window
+sums of a set go into one ``[G, F]`` matrix so every mean of the set (overall, per domain, per position
+bucket) is one matmul with the count matrix.
 """
 
 from __future__ import annotations
@@ -17,6 +19,7 @@ import numpy as np
 
 from fideval.report.inputs import RecordSet
 from fideval.stats.clusters import cluster_sums
+from fideval.stats.concentration import DOMAIN_MIN_WINDOWS
 from fideval.stats.intervals import SCALES, agreement_block, mean_intervals
 from fideval.stats.quantiles import quantile_figures
 
@@ -40,6 +43,15 @@ def position_edges(length: int) -> list[int]:
         e *= 2
     edges.append(end)
     return edges
+
+
+def few_windows(fig: dict[str, Any] | None) -> dict[str, Any] | None:
+    """A per-domain mean on fewer than ``DOMAIN_MIN_WINDOWS`` windows gains the flag ``few_windows``: there its
+    interval covers less than its stated level (docs/formats-report.md, "Thin evidence"); a degenerate one claims
+    nothing and is left alone."""
+    if fig is not None and fig.get("method") != "degenerate" and fig["clusters"] < DOMAIN_MIN_WINDOWS:
+        fig["flags"].append("few_windows")
+    return fig
 
 
 class SetFigures:
@@ -137,7 +149,7 @@ class SetFigures:
             domains[d] = {
                 "rows": int(m.sum()),
                 "clusters": int(np.unique(codes[m]).size),
-                "mean_kld": self._stamp(bca[f"{d}/mean_kld"]),
+                "mean_kld": self._stamp(few_windows(bca[f"{d}/mean_kld"])),
                 "top1": self._agreement("top1", m, bca[f"{d}/top1"]),
                 "kld_quantiles": self._quantiles(m),
                 "flags": [],

@@ -3,7 +3,9 @@
 The default is the cluster bootstrap-t of ``studentized.py`` on the figure's scale (``SCALES``), symmetric
 and at the level expanded for few windows (``VARIANT``), chosen from the coverage table of
 ``bench/coverage.py`` (docs/formats-report.md, "Measured coverage"): of the candidates measured, it is the
-one that covers >= 93 % at a stated 95 % on every mean and top-1 shape with >= 64 windows. The
+one that covers >= 93 % at a stated 95 % on every mean and top-1 shape of that bench with >= 64 windows
+(not on concentrated windows: a log-scale mean stores ``concentration`` beside its interval and is flagged
+``concentrated`` where it passes the threshold of ``fideval/stats/concentration.py``). The
 cluster BCa stays beside it, labelled, so figures remain comparable with reports of the seed's method;
 top-1 agreement also keeps the iid Wilson interval (tokens as independent trials, what published cards
 quote) and the design-effect Wilson, each labelled by ``method`` and ``unit``.
@@ -20,6 +22,7 @@ from typing import Any
 import numpy as np
 
 from fideval.stats.bootstrap import cluster_bca_means
+from fideval.stats.concentration import EFFECTIVE_SHARE_FLAG, concentrated, concentration
 from fideval.stats.studentized import cluster_t_means, method_name
 from fideval.stats.wilson import wilson_figure
 
@@ -62,7 +65,8 @@ def mean_intervals(
     bt = cluster_t_means(s, n, counts, strata, scales, confidence, **VARIANT)
     bca = cluster_bca_means(s, n, counts, confidence)
     out: list[dict[str, Any] | None] = []
-    for t, b in zip(bt, bca):
+    s, n = np.asarray(s).reshape(len(s), -1), np.asarray(n).reshape(len(n), -1)  # [G, F] (a 1-D column: F = 1)
+    for j, (t, b) in enumerate(zip(bt, bca)):
         if t is None:
             out.append(None)
             continue
@@ -70,9 +74,23 @@ def mean_intervals(
                "scale": t.get("scale"), "se": t["se"], "flags": t["flags"], "confidence": confidence,
                "resamples": t["resamples"], "seed": seed, "strata": t["strata"], "clusters": t["clusters"],
                "rows": t["rows"]}
+        if scales[j] == "log":  # a non-negative mean (KLD): how much of it a few windows carry
+            fig["concentration"] = _concentration(s[:, j], n[:, j], fig)
         fig["cluster_bca"] = _bca_block(b, t["strata"], seed, confidence)
         out.append(fig)
     return out
+
+
+def _concentration(s: np.ndarray, n: np.ndarray, fig: dict[str, Any]) -> dict[str, Any] | None:
+    """``concentration`` of a log-scale mean (fideval/stats/concentration.py) with the threshold it is flagged at;
+    the figure's ``flags`` gain ``concentrated`` at or above it (not on a degenerate interval: it claims nothing)."""
+    c = concentration(s, n)
+    if c is None:
+        return None
+    c["flag_below"] = EFFECTIVE_SHARE_FLAG
+    if concentrated(c) and fig["method"] != "degenerate":
+        fig["flags"].append("concentrated")
+    return c
 
 
 def agreement_block(y: np.ndarray, n: np.ndarray, mean: dict[str, Any], confidence: float) -> dict[str, Any]:
