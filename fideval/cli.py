@@ -15,7 +15,7 @@ import sys
 
 import typer
 
-from fideval.commands import compare, config_cmd, fused, quant, report, score, selftest, store, teacher, windows
+from fideval.commands import compare, config_cmd, fused, quant, report, routes, score, selftest, store, teacher, windows
 from fideval.errors import FidevalError, Interrupted, StopSignals
 
 app = typer.Typer(
@@ -46,6 +46,7 @@ VERBS = [
     (None, "check", report.check),
     (None, "compare", compare.compare),
     (None, "plan", compare.plan),
+    (None, "routes", routes.routes),
 ]
 GROUPS = {"quant": quant.HELP}
 

@@ -58,7 +58,9 @@ class RunnerOptions:
     ``implementation``: ``transformers`` (this module) or ``reference`` (the vendor's own code,
     fideval.model.reference.runner, from ``code`` relative to the model folder or absolute, which needs
     ``trust_remote_code``; ``reference``: the family driver's own options, e.g. ``{"gemm_impl": "fp8"}``);
-    ``head``: the lm head's arithmetic, ``auto`` | ``float32`` | ``bf16`` (fideval.model.execution.head)."""
+    ``head``: the lm head's arithmetic, ``auto`` | ``float32`` | ``bf16`` (fideval.model.execution.head);
+    ``routes``: record every MoE layer's routed expert ids and weights per position (``Runner.routes``,
+    fideval.model.routes; bits unchanged; needs ``mlp_tokens`` None)."""
 
     device: str | torch.device = "cpu"
     dtype: torch.dtype = torch.float32
@@ -78,6 +80,7 @@ class RunnerOptions:
     trust_remote_code: bool = False
     reference: dict | None = None
     head: str = "auto"
+    routes: bool = False
 
 
 @dataclass
@@ -136,6 +139,18 @@ class Runner(LayerMajor):
                 self.experts[i] = expert_range(rank, world, n_exp)
         self.vocab_bounds = parallel.vocab_bounds(world, self.adapter.vocab_size)
         self.head_mode = self._choose_head()
+        self.routes = None
+        if opts.routes:
+            from fideval.model.routes import RouteRecorder
+
+            if opts.mlp_tokens:
+                raise FidevalError("recording routes needs whole layers per micro-batch, not the throughput mode's MLP token "
+                                   "blocks", hint="run with --mlp-tokens off")
+            if not self.experts:
+                raise FidevalError(f"{self.ckpt.dir}: the model has no routed experts: there are no routes to record",
+                                   hint="record routes of a mixture-of-experts model only")
+            a = self.adapter
+            self.routes = RouteRecorder(a.n_routed_experts(a.meta_layer(min(self.experts), self.dtype)))
 
     @property
     def vocab_size(self) -> int:
@@ -183,7 +198,7 @@ class Runner(LayerMajor):
                     tensors = {n: t.clone() if own and isinstance(t, torch.Tensor) else t for n, t in stored.items()}
                 mod = self.adapter.materialize(i, layer, tensors, self.dtype, ex, self.options.weight_transform)
                 del tensors
-                hooks.install(mod, i, self.act_transform, ex, self.world, self.group, self._lean_path())
+                hooks.install(mod, i, self.act_transform, ex, self.world, self.group, self._lean_path(), record=self.routes)
             mod.requires_grad_(False)
             if self.side is not None:
                 ev = torch.cuda.Event()
@@ -316,6 +331,8 @@ class Runner(LayerMajor):
         """A chunk's state: its micro-batches' hidden states (on the GPU when they fit ``device_budget``)."""
         L, H = tokens.shape[1], self.hidden_size
         n_tok = sum(len(mb) for mb in mbs) * L
+        if self.routes is not None:
+            self.routes.reset()
         on_dev = self.device.type == "cpu" or n_tok * H * torch.empty((), dtype=self.dtype).element_size() <= (self.device_budget or 0)
         return _Chunk(tokens, mbs, set(solo), canary, on_dev)
 
@@ -356,6 +373,8 @@ class Runner(LayerMajor):
                 if x.shape[0] not in c.masks:
                     with tl.part("setup"):
                         c.masks[x.shape[0]] = self.adapter.masks(x, pos)
+                if self.routes is not None:  # the canary's second pass is not recorded again
+                    self.routes.current = None if j == c.canary else (c.mbs[j], c.tokens.shape[1])
                 if phased:
                     y = self.blocks.attention_half(layer, x, c.masks[x.shape[0]][kind], pos, c.pes[kind])
                 else:
@@ -367,6 +386,8 @@ class Runner(LayerMajor):
                     else:
                         h.copy_(y)
                     del x, y
+        if self.routes is not None:
+            self.routes.current = None
         if phased:
             self.blocks.mlp_half(layer, c.states, c.on_dev, c.solo, c.canary)
 
@@ -426,6 +447,10 @@ def make_runner(weights: WeightSource | str | Path, options: RunnerOptions, **kw
     """The runner ``options.implementation`` names: :class:`Runner` (transformers) or the reference code's."""
     if options.implementation == "reference":
         from fideval.model.reference.runner import ReferenceRunner
+
+        if options.routes:
+            raise FidevalError("recording routes is not built for model.implementation reference (the vendor's code)",
+                               hint="record routes with the transformers implementation")
 
         return ReferenceRunner(weights, options, **kw)
     if options.implementation != "transformers":

@@ -302,11 +302,12 @@ class TeacherPass:
                     code=self.code, trust_remote_code=self.trust_remote_code, head=self.head, **self.settings.runner_options())
         return RunnerOptions(**{**base, **extra})
 
-    def runner(self) -> ModelRunner:
-        """The teacher's runner (the backend ``implementation`` names), on this rank, on the pass's timeline."""
+    def runner(self, **extra: Any) -> ModelRunner:
+        """The teacher's runner (the backend ``implementation`` names), on this rank, on the pass's timeline; ``extra``:
+        RunnerOptions fields that do not shape the bits (``routes``)."""
         from fideval.model.runner import make_runner
 
-        return make_runner(self.model_dir, self.options(), rank=self.rank, world=self.world, group=self.group,
+        return make_runner(self.model_dir, self.options(**extra), rank=self.rank, world=self.world, group=self.group,
                            timeline=self.timeline)
 
     def separate_settings(self) -> Settings:

@@ -164,12 +164,13 @@ def run_options(files: Any, seqs: Any, settings: dict[str, Any], device: str,
 
 def _model_run(files: ModelFiles, teacher: StoreReader, settings: dict[str, Any], device: str, checkpoint: Any = None,
                timeline: Any = None, skip: set[str] | None = None, backend: dict[str, Any] | None = None,
-               **transforms: Any) -> tuple[Iterator[CandidateShard], float, dict[str, Any]]:
+               routes: Path | None = None, **transforms: Any) -> tuple[Iterator[CandidateShard], float, dict[str, Any]]:
     """The runner over the teacher's sequences, with the teacher's settings; ``checkpoint`` (a real build)
     stands in for the reference's weights, ``transforms`` are RunnerOptions' weight/act transforms; the
     sequences in ``skip`` when the run starts are not yielded (nor computed, chunk by chunk); ``backend``:
     RunnerOptions' ``implementation``/``code``/``trust_remote_code`` (the config's model section). Returns the
-    shards, the model FLOPs per token and the settings as run (with the reference code's provenance)."""
+    shards, the model FLOPs per token and the settings as run (with the reference code's provenance). ``routes``: a
+    folder whose routes/ each sequence's routes are written into (fideval.formats.routes) as its shard is taken."""
     from fideval.model.device import resolve_device
     from fideval.model.execution import parallel
     from fideval.model.flops import flops_per_token
@@ -177,7 +178,7 @@ def _model_run(files: ModelFiles, teacher: StoreReader, settings: dict[str, Any]
 
     seqs = teacher_sequences(teacher)
     fields, config = run_options(files, seqs, settings, device, backend)
-    opts = RunnerOptions(**fields, **transforms, **(backend or {}))
+    opts = RunnerOptions(**fields, **transforms, **(backend or {}), routes=routes is not None)
     weights = checkpoint if checkpoint is not None else files.folder
     ran = {"dtype": settings["dtype"], "micro_batch": opts.micro_batch, "mlp_tokens": opts.mlp_tokens,
            "chunk_bytes": opts.host_budget_bytes}
@@ -189,7 +190,15 @@ def _model_run(files: ModelFiles, teacher: StoreReader, settings: dict[str, Any]
         ran["reference_code"] = runner.provenance()
 
     def run_then_provenance():  # what computed the reference code's transformed linears is known once they have loaded
-        yield from runner.iter_logits(seqs, skip=skip.__contains__ if skip is not None else None)
+        row = {sid: k for k, sid in enumerate(seqs.ids)}
+        for sid, x in runner.iter_logits(seqs, skip=skip.__contains__ if skip is not None else None):
+            if routes is not None:
+                took = runner.routes.pop(row[sid])
+                if rank == 0:
+                    from fideval.formats.routes import write_sequence
+
+                    write_sequence(routes, sid, took)
+            yield sid, x
         if opts.implementation == "reference":
             ran["reference_code"] = runner.provenance()
 
@@ -197,7 +206,7 @@ def _model_run(files: ModelFiles, teacher: StoreReader, settings: dict[str, Any]
     return (CandidateShard(sid, x) for sid, x in logits), flops_per_token(config, seqs.tokens.shape[1])["total"], ran
 
 
-def from_config(cfg: Config, name: str, path: str, teacher: StoreReader, device: str) -> Candidate:
+def from_config(cfg: Config, name: str, path: str, teacher: StoreReader, device: str, routes: Path | None = None) -> Candidate:
     """Candidate ``name`` of ``cfg`` on ``path`` (serving, weights-only or llamacpp), run over the teacher's sequences
     with the teacher's settings (:func:`teacher_settings`): its ``checkpoint:`` (a real build) when it names
     one, else its ``quant:`` spec emulated on the reference checkpoint."""
@@ -220,7 +229,7 @@ def from_config(cfg: Config, name: str, path: str, teacher: StoreReader, device:
     backend = {"implementation": cfg.model.implementation, "code": cfg.model.code,
                "trust_remote_code": cfg.model.trust_remote_code}
     shards, per_token, ran = _model_run(files, teacher, settings, device, timeline=timeline, skip=skip,
-                                        backend=backend, **hooks)
+                                        backend=backend, routes=routes, **hooks)
     info["run_settings"] = ran
     return Candidate(name=name, path=path, shards=shards, info=info, timeline=timeline, flops_per_token=per_token,
                      skip=skip)
@@ -443,17 +452,20 @@ def teacher_itself(teacher: TeacherRows, name: str = "self", path: str = "store"
 
 
 def select(teacher: StoreReader, spec: str | None, path: str, settings: ScoreSettings, *, cfg: Config | None = None,
-           name: str | None = None, self_check: bool = False) -> Candidate:
+           name: str | None = None, self_check: bool = False, routes: Path | None = None) -> Candidate:
     """The candidate ``fideval score`` is asked for: with a config, its candidate ``spec`` run on ``path``;
     else the logit store at ``spec`` (named ``name``, default its folder's name); with neither and
-    ``self_check``, the teacher itself."""
+    ``self_check``, the teacher itself. ``routes``: a config candidate's routes written there (fideval.formats.routes)."""
     if path not in ("serving", "weights-only", "llamacpp", "store"):
         raise FidevalError(f"--path {path!r}: expected serving, weights-only, llamacpp or store")
     if cfg is not None:
         if spec is None or path == "store":
             raise FidevalError("with --config give --candidate NAME and --path serving|weights-only|llamacpp",
                                hint="names and paths are in the config's candidates")
-        return from_config(cfg, spec, path, teacher, settings.device)
+        return from_config(cfg, spec, path, teacher, settings.device, routes=routes)
+    if routes is not None:
+        raise FidevalError("--routes records a model run's routes: a logit store (or the teacher itself) has none",
+                           hint="give --config and --candidate NAME, or record the teacher's with fideval teacher --routes")
     if spec is None:
         if not self_check:
             raise FidevalError("give --candidate STORE (or --self-check to score the teacher against itself)")

@@ -31,10 +31,12 @@ def check_act_transform(act_transform: dict | None) -> dict:
 
 
 def install(layer: torch.nn.Module, i: int, act_transform: dict[str, Callable], ex: tuple[int, int] | None,
-            world: int, group, lean: bool) -> None:
+            world: int, group, lean: bool, record: Callable | None = None) -> None:
     """Layer ``i``: act_transform on inputs of attention / shared / dense linears, and the routed experts'
     wrapper (the transform on their inputs and inside them, this rank's experts [lo, hi) only, the sum
-    over ranks; ``lean``: fideval.model.execution.experts' forward where it supports the module)."""
+    over ranks; ``lean``: fideval.model.execution.experts' forward where it supports the module).
+    ``record(i, top_k_index, top_k_weights)``: the routes as the model computed them (every expert id, before
+    this rank's cut), once per experts call (fideval.model.routes.RouteRecorder)."""
     hook_inputs(act_transform, lambda name: module_class_of(f"model.layers.{i}.{name}.weight"), linears(layer))
     experts = getattr(getattr(layer, "mlp", None), "experts", None)
     if experts is None:
@@ -42,7 +44,7 @@ def install(layer: torch.nn.Module, i: int, act_transform: dict[str, Callable], 
     # The wrappers reach the module through a weak reference: a closure kept on the module that held the module
     # itself (or a bound method of it) would be a reference cycle, which keeps the experts' weights -- 22.5 GB a
     # DeepSeek-V3 layer in bf16 -- alive after the runner drops the layer, until a full garbage collection.
-    ref, cls = weakref.ref(experts), type(experts)
+    ref, cls, layer_index = weakref.ref(experts), type(experts), i
     fn = act_transform.get("routed_experts")
     # one rank, grouped_mm selected, a gated bias-free module: the same bits with less traffic (experts.py)
     lean = lean and experts_path.supported(experts)
@@ -64,6 +66,8 @@ def install(layer: torch.nn.Module, i: int, act_transform: dict[str, Callable], 
         experts._apply_gate = lambda x: fn(gate(ref(), x))
 
     def forward(hidden, top_k_index, top_k_weights):
+        if record is not None:
+            record(layer_index, top_k_index, top_k_weights)
         if ex is not None:
             lo, hi = ex
             inside = (top_k_index >= lo) & (top_k_index < hi)
