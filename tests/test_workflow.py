@@ -62,7 +62,10 @@ def test_rules_pass_the_files_they_declare():
     assert r.returncode == 0, r.stderr[-2000:]
     shells = [ln.removeprefix("Shell command: ") for ln in (r.stdout + r.stderr).splitlines() if ln.startswith("Shell command: ")]
     teacher = [s for s in shells if s.startswith("fideval teacher") and "/teacher-noise/" not in s]
-    assert len(teacher) == 2 * 6
+    assert len(teacher) == 2  # one job a length runs every domain, each into its own store
+    domains = " ".join(f"--domain {d}" for d in ("code", "legal", "prose", "math", "multilingual", "chat"))
+    assert all(domains in s and " --out results/demo/teacher/" in s and s.split(" --out ")[1].split()[0].endswith("/{domain}")
+               for s in teacher)
     assert all("--windows results/demo/windows/windows-2048/tokens.safetensors" in s for s in teacher if "/teacher/windows/" in s)
     assert all("--windows results/demo/windows/cuts-512/tokens.safetensors" in s for s in teacher if "/teacher/cuts/" in s)
     (report,) = [s.split() for s in shells if s.startswith("fideval report")]
@@ -70,6 +73,18 @@ def test_rules_pass_the_files_they_declare():
     assert given["--windows"] == ["results/demo/windows/eval-windows.json"]
     assert len(given["--records"]) == 2 * 2 * 6 and len(given["--self-check"]) == 2 * 6
     assert all(f.endswith("/records.parquet") for f in given["--records"] + given["--self-check"])
+
+
+DEMO_JOBS = 18  # issue 45: one job per (rule, length[, candidate, path]) runs every domain (it was 78, one a domain)
+
+
+def test_the_demo_is_a_few_jobs_of_the_right_size():
+    """The demo's dry run plans at most DEMO_JOBS jobs: windows, selftest, report, card, check, `all`, and per length one
+    teacher, one noise-floor teacher, one self-check, one noise-floor score and one score per candidate path."""
+    r = snakemake("-n", "--forceall", "--directory", str(ROOT))
+    assert r.returncode == 0, r.stderr[-2000:]
+    (total,) = {int(ln.split()[1]) for ln in (r.stdout + r.stderr).splitlines() if ln.startswith("total ")}  # the job stats
+    assert total <= DEMO_JOBS, (r.stdout + r.stderr)[-3000:]
 
 
 def test_the_noise_floor_rules_run_only_when_the_config_asks(tmp_path):
@@ -83,9 +98,9 @@ def test_the_noise_floor_rules_run_only_when_the_config_asks(tmp_path):
     assert r.returncode == 0, r.stderr[-2000:]
     shells = [ln.removeprefix("Shell command: ") for ln in (r.stdout + r.stderr).splitlines() if ln.startswith("Shell command: ")]
     noise = [s for s in shells if "/teacher-noise/" in s and s.startswith("fideval teacher")]
-    assert len(noise) == 2 * 6 and all("--micro-batch 2" in s for s in noise)
+    assert len(noise) == 2 and all("--micro-batch 2" in s for s in noise)  # one job a length, every domain
     scored = [s for s in shells if s.startswith("fideval score") and "--name noise-floor" in s]
-    assert len(scored) == 2 * 6 and all("--candidate results/demo/teacher-noise/" in s for s in scored)
+    assert len(scored) == 2 and all("--candidate results/demo/teacher-noise/" in s for s in scored)
     (report,) = [s.split() for s in shells if s.startswith("fideval report")]
     floor = [report[i + 1] for i, a in enumerate(report) if a == "--noise-floor"]
     assert len(floor) == 2 * 6 and all(f.startswith("results/demo/records/noise-floor/store/") for f in floor)

@@ -6,14 +6,17 @@ from typing import Annotated
 import typer
 
 from fideval.commands import options
+from fideval.commands.teacher import per_domain
 
 
 def fused(
     config: Annotated[Path, options.config("the evaluation's config: model, teacher settings, candidates, score")],
     windows: Annotated[Path, typer.Option("--windows", help="one token file of 'fideval windows': windows-<W>/ or "
                                           "cuts-<C>/tokens.safetensors")],
-    domain: Annotated[str, typer.Option("--domain", help="the domain whose sequences this pass runs")],
-    out: Annotated[Path, options.out("teacher logit store folder to write (resumes if present)")],
+    domain: Annotated[list[str], typer.Option("--domain", help="the domain whose sequences this pass runs (repeatable, with "
+                                              "{domain} in --out: one pass per domain, in turn, in this process)")],
+    out: Annotated[Path, options.out("teacher logit store folder to write (resumes if present); with {domain} in it, "
+                                     "one store per --domain")],
     records: Annotated[Path, typer.Option("--records", help="records root: each candidate's records go to "
                                           "<records>/<candidate>/<path>/<kind>/<domain>, the self-check's to "
                                           "<records>/teacher-self/store/<kind>/<domain>")],
@@ -28,12 +31,8 @@ def fused(
 
     The store and every records.parquet are bit-identical to 'fideval teacher' then 'fideval score --config' with the
     settings this pass records; each layer is read once and the teacher's store is never read back."""
-    from contextlib import ExitStack
-
     from fideval.config import load_config
-    from fideval.fsio import remove_temps
-    from fideval.lock import output_lock
-    from fideval.score.fused import fusable, one_length, records_dir, refusal, run_fused
+    from fideval.score.fused import one_length, refusal
     from fideval.score.run import ScoreSettings
 
     cfg = load_config(config)
@@ -43,7 +42,26 @@ def fused(
 
         raise FidevalError(f"{config}: {why}", hint="set teacher.fused: false to run the teacher and each candidate separately")
     _, _, kind = one_length(windows)  # a bad --windows fails before any output folder exists
+    runs = per_domain(out, domain, "--out")
+    if len(runs) == 1 and len(domain) > 1:
+        from fideval.errors import FidevalError
+
+        raise FidevalError(f"{len(domain)} --domain values but --out {out} does not name {{domain}}",
+                           hint="one store per domain: write --out .../{domain}")
     settings = ScoreSettings.of(cfg.score, device=device or cfg.teacher.device, kernel=kernel)
+    for store, (d,) in runs:
+        _one_domain(cfg, windows, kind, d, store, records, settings, self_check, peak_tflops)
+
+
+def _one_domain(cfg, windows: Path, kind: str, domain: str, out: Path, records: Path, settings, self_check: bool,
+                peak_tflops: float | None) -> None:
+    """One domain's fused pass: its store, its records folders, its line."""
+    from contextlib import ExitStack
+
+    from fideval.fsio import remove_temps
+    from fideval.lock import output_lock
+    from fideval.score.fused import fusable, records_dir, run_fused
+
     dirs = [records_dir(records, c.name, p, kind, domain) for c, p in fusable(cfg)]
     if self_check:
         dirs.append(records_dir(records, "self", "store", kind, domain))

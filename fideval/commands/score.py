@@ -6,6 +6,7 @@ from typing import Annotated
 import typer
 
 from fideval.commands import options
+from fideval.commands.teacher import PER_DOMAIN
 
 
 def score(
@@ -30,6 +31,12 @@ def score(
                                                      "(default: config or fail)")] = None,
     peak_tflops: Annotated[float | None, typer.Option(
         "--peak-tflops", help="the GPU's dense peak for a model run's utilisation figure (default: by GPU name)")] = None,
+    domain: Annotated[list[str] | None, typer.Option(
+        "--domain", help="score each of these domains in turn (repeatable): --teacher and --out (and a --candidate store) "
+        "name {domain}, one records folder per domain")] = None,
+    routes: Annotated[bool, typer.Option(
+        "--routes", help="also record the config candidate's routed experts and weights per MoE layer and position into "
+        "<out>/routes/ (docs/formats-routes.md; records unchanged)")] = False,
 ) -> None:
     """Score candidate logits against the teacher's in float64 over the full vocabulary."""
     import os
@@ -47,16 +54,44 @@ def score(
     settings = ScoreSettings.of(cfg.score if cfg is not None else None, device=device, kernel=kernel,
                                 cpu_check_every=cpu_check_every, cpu_check_tolerance=tolerance, on_nonfinite=on_nonfinite,
                                 peak_tflops=peak_tflops)
-    t = StoreReader(resolve_store(teacher))
-    cand = select(t, candidate, path, settings, cfg=cfg, name=name, self_check=self_check)
-    if os.environ.get("RANK", "0") != "0":  # under torchrun rank 0 alone scores, writes and holds the lock
-        score_candidate(t, cand, out, settings, teacher_spec=teacher)
-        return
-    with output_lock(out, "score"):
-        remove_temps(out)  # temp files of a killed run (we hold the lock: nobody else is writing them)
-        s = score_candidate(t, cand, out, settings, self_check_first=self_check and not cand.is_teacher, teacher_spec=teacher)
     from fideval.timing.accounting import line
 
-    typer.echo(f"{out}: {s['rows']:,} rows scored with {s['kernel']} on {s['device']}; "
-               f"CPU check {s['cpu_check']['rows_checked']} rows, max rel diff {s['cpu_check']['max_rel_diff']:.2g}; "
-               f"{line(s['profile'])}")
+    for d in _domains(domain, teacher, out, candidate if cfg is None else None):  # [None]: the one run
+        def at(x, d=d):
+            return x if d is None or x is None else type(x)(str(x).replace(PER_DOMAIN, d))
+
+        t_spec, d_out = at(teacher), at(out)
+        t = StoreReader(resolve_store(t_spec))
+        cand = select(t, candidate if cfg is not None else at(candidate), path, settings, cfg=cfg, name=name, self_check=self_check,
+                      routes=Path(d_out) if routes else None)
+        if os.environ.get("RANK", "0") != "0":  # under torchrun rank 0 alone scores, writes and holds the lock
+            score_candidate(t, cand, d_out, settings, teacher_spec=t_spec)
+            continue
+        with output_lock(d_out, "score"):
+            remove_temps(d_out)  # temp files of a killed run (we hold the lock: nobody else is writing them)
+            s = score_candidate(t, cand, d_out, settings, self_check_first=self_check and not cand.is_teacher, teacher_spec=t_spec)
+            if routes:  # the index names the records the routes belong to
+                from fideval.formats.routes import seal_candidate
+
+                seal_candidate(d_out)
+        typer.echo(f"{d_out}: {s['rows']:,} rows scored with {s['kernel']} on {s['device']}; "
+                   f"CPU check {s['cpu_check']['rows_checked']} rows, max rel diff {s['cpu_check']['max_rel_diff']:.2g}; "
+                   f"{line(s['profile'])}")
+
+
+def _domains(domains: list[str] | None, teacher: str, out: Path, store: str | None) -> list[str | None]:
+    """The domains to score one after another ([None]: one run, no --domain); with --domain, --teacher and --out (and a
+    candidate store) must name {domain}, so that each domain reads its own stores and writes its own records."""
+    from fideval.errors import FidevalError
+
+    named = {"--teacher": teacher, "--out": str(out)} | ({"--candidate": store} if store is not None else {})
+    if not domains:
+        for opt, v in named.items():
+            if PER_DOMAIN in v:
+                raise FidevalError(f"{opt} {v} names {PER_DOMAIN} but no --domain is given", hint="pass --domain D once per domain")
+        return [None]
+    for opt, v in named.items():
+        if PER_DOMAIN not in v:
+            raise FidevalError(f"--domain is given but {opt} {v} does not name {PER_DOMAIN}",
+                               hint=f"write {opt} .../{PER_DOMAIN}: each domain has its own stores and records")
+    return list(dict.fromkeys(domains))

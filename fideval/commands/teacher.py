@@ -11,7 +11,8 @@ from fideval.commands import options
 def teacher(
     windows: Annotated[Path, typer.Option("--windows", help="output folder of 'fideval windows', or one of its "
                                           "windows-<W>/ or cuts-<C>/ token files (then only that length)")],
-    out: Annotated[Path, options.out("logit store folder to write (resumes if present)")],
+    out: Annotated[Path, options.out("logit store folder to write (resumes if present); with {domain} in it, one store per "
+                                     "--domain, run one after another in this process")],
     config: Annotated[Path | None, options.config("take model, device, dtype and run settings from this config")] = None,
     model: Annotated[Path | None, typer.Option("--model", help="Hugging Face checkpoint folder (config.json + safetensors)")] = None,
     lengths: Annotated[str, typer.Option("--lengths", "--kind", help="which sequence folders: windows, cuts or both")] = "windows,cuts",
@@ -39,6 +40,9 @@ def teacher(
         "--code", help="the reference code's folder, relative to the model or absolute (default: config, else inference)")] = None,
     trust_remote_code: Annotated[bool | None, typer.Option(
         "--trust-remote-code/--no-trust-remote-code", help="run the model repo's code (needed by --implementation reference)")] = None,
+    routes: Annotated[bool, typer.Option(
+        "--routes", help="also record every MoE layer's routed experts and weights per position into <store>/routes/ "
+        "(docs/formats-routes.md; the shards are unchanged; needs --mlp-tokens off)")] = False,
 ) -> None:
     """Run the reference model layer by layer and store float32 logits for every position.
 
@@ -65,21 +69,40 @@ def teacher(
 
         check(args["model_dir"], code=args.get("code"), trust=bool(args.get("trust_remote_code")),
               world=int(os.environ.get("WORLD_SIZE", "1")), dtype=args.get("dtype") or "float32")
+    if routes:
+        args["routes"] = True
     if args.get("lm_head") == "bf16":  # refused before the store folder exists, as the runner would refuse it
         _check_bf16_head(args)
-    if int(os.environ.get("RANK", "0")) == 0:  # under torchrun rank 0 alone writes, and holds the lock
-        with output_lock(out, "teacher"):
-            r = run_teacher(windows_dir=windows, out=out, kinds=kinds, domains=domain or None, peak_tflops=peak_tflops, **args)
-    else:
-        r = run_teacher(windows_dir=windows, out=out, kinds=kinds, domains=domain or None, peak_tflops=peak_tflops, **args)
     from fideval.timing.accounting import line
 
-    st, ran = r["stats"], r["settings"]
-    verdict = {True: "identical", False: "DIFFERS", None: "unchecked"}
-    canary = ", ".join(f"{c['folder']} {verdict[c.get('identical')]}" for c in r["canaries"]) or "none"
-    typer.echo(f"{out}: {r['written']} sequences written, {r['skipped']} already done; canary {canary}; micro-batch "
-               f"{ran['micro_batch']}, mlp tokens {ran['mlp_tokens'] or 'off'}; {line(r['profile'])}; weight loading "
-               f"{st['load_s']:.1f} s ({st['wait_s']:.1f} s not hidden)")
+    for store, doms in per_domain(out, domain, "--out"):  # one store, or one per domain (the workflow's jobs)
+        if int(os.environ.get("RANK", "0")) == 0:  # under torchrun rank 0 alone writes, and holds the lock
+            with output_lock(store, "teacher"):
+                r = run_teacher(windows_dir=windows, out=store, kinds=kinds, domains=doms, peak_tflops=peak_tflops, **args)
+        else:
+            r = run_teacher(windows_dir=windows, out=store, kinds=kinds, domains=doms, peak_tflops=peak_tflops, **args)
+        st, ran = r["stats"], r["settings"]
+        verdict = {True: "identical", False: "DIFFERS", None: "unchecked"}
+        canary = ", ".join(f"{c['folder']} {verdict[c.get('identical')]}" for c in r["canaries"]) or "none"
+        typer.echo(f"{store}: {r['written']} sequences written, {r['skipped']} already done; canary {canary}; micro-batch "
+                   f"{ran['micro_batch']}, mlp tokens {ran['mlp_tokens'] or 'off'}; {line(r['profile'])}; weight loading "
+                   f"{st['load_s']:.1f} s ({st['wait_s']:.1f} s not hidden)")
+
+
+PER_DOMAIN = "{domain}"
+
+
+def per_domain(out: Path, domains: list[str] | None, option: str) -> list[tuple[Path, list[str] | None]]:
+    """(output, its domains) for each run: ``out`` with all ``domains`` (None: every domain), or, where ``out`` names
+    ``{domain}``, one output per domain with that domain alone, in the order given (a workflow job covering every
+    domain of one length pays the imports once; each domain keeps its own store, lock and resumption)."""
+    if PER_DOMAIN not in str(out):
+        return [(out, domains or None)]
+    if not domains:
+        from fideval.errors import FidevalError
+
+        raise FidevalError(f"{option} {out} names {PER_DOMAIN} but no --domain is given", hint="pass --domain D once per domain")
+    return [(Path(str(out).replace(PER_DOMAIN, d)), [d]) for d in dict.fromkeys(domains)]
 
 
 def _check_bf16_head(args: dict) -> None:

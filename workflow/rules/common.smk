@@ -58,7 +58,7 @@ wildcard_constraints:
     kind="windows|cuts",
     domain=r"[a-z0-9][a-z0-9_-]*",
     candidate=r"[a-z0-9][a-z0-9_.-]*",
-    path="serving|weights-only",
+    path="serving|weights-only|llamacpp",
 
 
 def windows_dir(run):
@@ -70,15 +70,33 @@ def seq_ids(kind, domain):
     return sequence_ids(domain, WPD, None if kind == "windows" else W // C)
 
 
-def shard_outputs(kind):
-    """Every shard of one (kind, domain) store, named as outputs so that deleting one reruns only its job.
+def shard_outputs(kind, domain="{domain}", run="{run}", root="teacher"):
+    """Every shard of one (kind, domain) store, named as outputs so that deleting one reruns its job.
 
-    Returned with {run} and {domain} left as wildcards: a domain's sequence ids are known from the config.
+    By default returned with {run} and {domain} left as wildcards: a domain's sequence ids are known from the config.
     """
     return [
-        f"results/{{run}}/teacher/{kind}/{{domain}}/shards/{i}.safetensors"
-        for i in seq_ids(kind, "{domain}")
+        f"results/{run}/{root}/{kind}/{domain}/shards/{i}.safetensors"
+        for i in seq_ids(kind, domain)
     ]
+
+
+# One job per (rule, length[, candidate, path]) runs every domain, one after another in one process: the verb
+# takes each domain as --domain and writes each domain's own store or records folder (`{domain}` in --out), so the
+# imports and the scheduler's round trip are paid once a length, not once a domain (issue 45).
+DOMAIN_ARGS = " ".join(f"--domain {d}" for d in DOMAINS)
+
+
+def store_inputs(run, kind, root="teacher"):
+    """Every domain's manifest and shards of one length's stores (a grouped job's inputs)."""
+    return [f"results/{run}/{root}/{kind}/{d}/manifest.json" for d in DOMAINS] + [
+        f for d in DOMAINS for f in shard_outputs(kind, d, run, root)
+    ]
+
+
+def per_domain(template):
+    """``template`` (with {run}, {kind}, ... left as wildcards) for every domain: a grouped job's outputs."""
+    return [template.replace("{domain}", d) for d in DOMAINS]
 
 
 def device(wildcards, resources):

@@ -1,5 +1,6 @@
 # Stage 2: FP32 teacher logits of the reference model, one store per (length, domain).
-# One rule per length so that a deleted shard reruns only its own job and what reads it.
+# One job per length runs every domain (DOMAIN_ARGS, workflow/rules/common.smk): one process pays the imports once,
+# and each domain keeps its own store folder and lock.
 # threads: 1 — each job is one single-threaded torch process; two run side by side on two cores.
 
 for _kind in [] if FUSED else ["windows", "cuts"]:
@@ -13,12 +14,14 @@ for _kind in [] if FUSED else ["windows", "cuts"]:
             meta="results/{run}/windows/eval-windows.json",  # its tokenizer fingerprint is checked against the model's
             selftest="results/{run}/selftest.json",  # the runner agrees with transformers on this model
         output:
-            manifest=f"results/{{run}}/teacher/{_kind}/{{domain}}/manifest.json",
-            shards=shard_outputs(_kind),
+            manifests=per_domain(
+                f"results/{{run}}/teacher/{_kind}/{{domain}}/manifest.json"
+            ),
+            shards=[f for d in DOMAINS for f in shard_outputs(_kind, d)],
         log:
-            f"logs/{{run}}/teacher/{_kind}/{{domain}}.log",
+            f"logs/{{run}}/teacher/{_kind}.log",
         benchmark:
-            f"benchmarks/{{run}}/teacher/{_kind}/{{domain}}.tsv"
+            f"benchmarks/{{run}}/teacher/{_kind}.tsv"
         threads: 1
         resources:
             mem_mb=8000,
@@ -28,13 +31,15 @@ for _kind in [] if FUSED else ["windows", "cuts"]:
             kind=_kind,
             device=device,
             launcher=launcher(),
+            domains=DOMAIN_ARGS,
         shell:
             "{params.launcher} teacher --config {input.config:q} --windows {input.tokens:q}"
-            " --domain {wildcards.domain} --device {params.device}"
-            " --out results/{wildcards.run}/teacher/{params.kind}/{wildcards.domain} > {log:q} 2>&1"
+            " {params.domains} --device {params.device}"
+            " --out results/{wildcards.run}/teacher/{params.kind}/{{domain}} > {log:q} 2>&1"
 
 
-# teacher.fused: the store, every emulated candidate's records and the self-check from one pass (`fideval fused`).
+# teacher.fused: the store, every emulated candidate's records and the self-check from one pass (`fideval fused`),
+# one job per length running every domain in turn, as above.
 for _kind in ["windows", "cuts"] if FUSED else []:
 
     rule:
@@ -46,17 +51,20 @@ for _kind in ["windows", "cuts"] if FUSED else []:
             meta="results/{run}/windows/eval-windows.json",
             selftest="results/{run}/selftest.json",
         output:
-            manifest=f"results/{{run}}/teacher/{_kind}/{{domain}}/manifest.json",
-            shards=shard_outputs(_kind),
+            manifests=per_domain(
+                f"results/{{run}}/teacher/{_kind}/{{domain}}/manifest.json"
+            ),
+            shards=[f for d in DOMAINS for f in shard_outputs(_kind, d)],
             records=[
-                f"results/{{run}}/records/{c}/{p}/{_kind}/{{domain}}/{f}"
+                f"results/{{run}}/records/{c}/{p}/{_kind}/{d}/{f}"
+                for d in DOMAINS
                 for c, p in FUSED_PAIRS + [("teacher-self", "store")]
                 for f in ("records.parquet", "score.json")
             ],
         log:
-            f"logs/{{run}}/fused/{_kind}/{{domain}}.log",
+            f"logs/{{run}}/fused/{_kind}.log",
         benchmark:
-            f"benchmarks/{{run}}/fused/{_kind}/{{domain}}.tsv"
+            f"benchmarks/{{run}}/fused/{_kind}.tsv"
         threads: 1
         resources:
             mem_mb=8000,
@@ -65,7 +73,8 @@ for _kind in ["windows", "cuts"] if FUSED else []:
         params:
             kind=_kind,
             device=device,
+            domains=DOMAIN_ARGS,
         shell:
-            "fideval fused --config {input.config:q} --windows {input.tokens:q} --domain {wildcards.domain}"
-            " --device {params.device} --out results/{wildcards.run}/teacher/{params.kind}/{wildcards.domain}"
+            "fideval fused --config {input.config:q} --windows {input.tokens:q} {params.domains}"
+            " --device {params.device} --out results/{wildcards.run}/teacher/{params.kind}/{{domain}}"
             " --records results/{wildcards.run}/records > {log:q} 2>&1"
