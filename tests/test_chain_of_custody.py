@@ -290,3 +290,23 @@ def test_token_hashes_are_checked_per_folder_when_a_set_is_scored_in_domain_fold
     assert res.code == 0, res.stderr
     rep = json.loads((tmp_path / "o" / "report.json").read_text())
     assert next(c for c in rep["checks"] if c["name"] == "windows_match")["sequences_checked"] == 4
+
+
+def test_a_large_checkpoint_file_is_fingerprinted_by_samples(tmp_path, monkeypatch):
+    """Above the full-hash size a file is fingerprinted by its size, its head and 16 spaced blocks: other weights change
+    every block; the digest says which of the two methods made it."""
+    from fideval.model.weights import identity
+
+    monkeypatch.setattr(identity, "FULL_BYTES", 1 << 16)
+    path = tmp_path / "model.safetensors"
+    data = np.random.default_rng(0).integers(0, 256, size=3 << 20, dtype=np.uint8)
+    path.write_bytes(data.tobytes())
+    first = identity.file_digest(path)
+    assert first.startswith("sampled-sha256:") and first == identity.file_digest(path)
+    sample_at = (path.stat().st_size - identity.SAMPLE_BYTES) * 7 // (identity.SAMPLES - 1)
+    data[sample_at + 5] ^= 1  # a byte inside the 8th sampled block
+    path.write_bytes(data.tobytes())
+    assert identity.file_digest(path) != first
+    small = tmp_path / "config.json"
+    small.write_text("{}")
+    assert identity.file_digest(small) == "sha256:" + hashlib.sha256(b"{}").hexdigest()

@@ -5,10 +5,11 @@ from another revision), and every shard names the weights it came from.
 A file of at most :data:`FULL_BYTES` is hashed whole (SHA-256: every test and demo model, a config, an index).
 A larger one (a 4-5 GB shard of a 671 B release: hashing 1.3 TB would take an hour per run) is *sampled*: the
 SHA-256 of its size, its first :data:`HEAD_BYTES` (a safetensors header with every tensor's name, dtype, shape
-and offsets) and :data:`SAMPLES` blocks of :data:`SAMPLE_BYTES` at evenly spaced offsets. Other weights change
-every sampled block with certainty (a retrained or re-quantized tensor changes all its bytes); a flipped bit
-between two samples does not change the digest, which is why the digest says which of the two it is
-(``sha256:`` or ``sampled-sha256:``). Corruption of the teacher's own shards is the store's SHA-256's job.
+and offsets) and :data:`SAMPLES` blocks of :data:`SAMPLE_BYTES` at evenly spaced offsets. A whole retrained,
+re-quantized or re-released file changes every sampled block; a change confined to a few tensors of such a file
+is seen only where a sampled block falls in them, and a flipped bit between two samples not at all -- which is
+why the digest says which of the two it is (``sha256:`` or ``sampled-sha256:``). Corruption of the teacher's own
+shards is the store's SHA-256's job.
 """
 
 from __future__ import annotations
@@ -18,7 +19,7 @@ from pathlib import Path
 
 from fideval.errors import FidevalError
 
-FULL_BYTES = 1 << 30
+FULL_BYTES = 256 << 20
 HEAD_BYTES = 1 << 20
 SAMPLES = 16
 SAMPLE_BYTES = 1 << 16
