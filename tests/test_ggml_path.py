@@ -291,3 +291,25 @@ def test_score_cli_on_the_llamacpp_path(scored):
     assert real.kld.tolist() != wo.kld.tolist() and wo.kld.mean() > 0
     res = _score(tmp, "cls", "llamacpp", tmp / "cls")
     assert res.code == 2 and res.stderr.count("\n") == 1 and "has no path 'llamacpp'" in res.stderr
+
+
+def test_the_module_tracking_keeps_no_module_alive():
+    """The process-wide pre-hook notes the called module's out_features, never the module: holding it would keep the
+    last module called (a layer, the lm head) alive after the runner drops it (tests/test_model_lockstep.py's ledger
+    test, run after this file in one process, caught it)."""
+    import gc
+    import weakref
+
+    from fideval.quant import ggml_path
+
+    ggml_path._track()
+    lin = torch.nn.Linear(4, 3)
+    lin(torch.zeros(1, 4))
+    assert ggml_path._CURRENT.out_features == 3
+    ref = weakref.ref(lin)
+    gc.disable()
+    try:
+        del lin
+        assert ref() is None
+    finally:
+        gc.enable()

@@ -6,7 +6,8 @@ class, the routed experts' gate/up and down inputs included, the lm head's hidde
 its own type: llama-quantize's Q4_K_M puts ``attn_k``/``attn_v`` of an 8-expert MoE in Q8_0 (Q8_0 activations) beside a
 Q4_K ``attn_q`` (Q8_K), all three reading the same hidden state. So a class's function picks the activation format by the
 input's width (the tensor's ``ne[0]``, a ggml row) and, where tensors of one width disagree, by the linear it is called
-for (its ``out_features``: a process-wide module forward pre-hook, :func:`_track`, notes the module being called; torch
+for (its ``out_features``: a process-wide module forward pre-hook, :func:`_track`, notes the called module's
+``out_features`` -- never the module, which it would keep alive --; torch
 runs global pre-hooks before a module's own, so the runner's hook sees it). Q8_0 and Q8_1 count as one format (their
 dequantized values are the same). Tensors that would still be ambiguous (same width and output size, different formats;
 routed experts of one width) are refused in one line.
@@ -38,7 +39,9 @@ def _track() -> None:
     """Register, once per process, the global forward pre-hook that notes the module being called (:data:`_CURRENT`)."""
     if not _TRACKING:
         def note(module, args):
-            _CURRENT.module = module
+            # what is needed of the module, never the module itself: a reference kept here would keep the last
+            # module called (a layer, the lm head: gigabytes at full size) alive after the runner drops it
+            _CURRENT.out_features, _CURRENT.kind = getattr(module, "out_features", None), type(module).__name__
 
         _TRACKING.append(torch.nn.modules.module.register_module_forward_pre_hook(note))
 
@@ -95,11 +98,10 @@ def act_transform(table: dict[str, dict[tuple[int, int | None], str]],
             if len(kinds) == 1:
                 kind = next(iter(kinds))
             else:
-                mod = getattr(_CURRENT, "module", None)
-                kind = row.get((w, getattr(mod, "out_features", None)))
+                kind = row.get((w, getattr(_CURRENT, "out_features", None)))
                 if kind is None:
                     raise FidevalError(f"path 'llamacpp': a {cls} input of width {w} enters a module "
-                                       f"({type(mod).__name__}) no GGUF tensor of the class matches",
+                                       f"({getattr(_CURRENT, 'kind', None)}) no GGUF tensor of the class matches",
                                        hint="score this build on weights-only")
             return quant_dequant(x, kind, variant)
 
