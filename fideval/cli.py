@@ -37,6 +37,8 @@ VERBS = [
     (None, "verify", store.verify),
     (None, "import-llamacpp", store.import_llamacpp_cmd),
     (None, "export-llamacpp", store.export_llamacpp_cmd),
+    ("store", "materialize", store.materialize_cmd),
+    ("store", "card", store.card_cmd),
     ("quant", "inspect", quant.inspect),
     ("quant", "formats", quant.formats),
     (None, "score", score.score),
@@ -48,12 +50,12 @@ VERBS = [
     (None, "plan", compare.plan),
     (None, "routes", routes.routes),
 ]
-GROUPS = {"quant": quant.HELP}
+GROUPS = {"quant": quant.HELP, "store": store.HELP}
 
 
 # Verbs whose output is written shard by shard and resumed by a rerun (the store writer); every other verb
 # writes through a temp name and a rename, so an interrupted one leaves its previous output as it was.
-RESUMABLE = {"teacher", "import-llamacpp", "fused"}
+RESUMABLE = {"teacher", "import-llamacpp", "fused", "materialize"}
 
 
 def _interruptible(verb: str, fn):

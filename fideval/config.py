@@ -165,6 +165,12 @@ class TeacherConfig(Strict):
         "auto", description="the lm head's arithmetic: float32 (float32 GEMM, no TF32) or bf16 (the same bfloat16 "
         "operands on the tensor cores, float32 sums and logits); auto: bf16 where its products are the float32 head's "
         "(bfloat16 layers on a GPU, a bfloat16 head), else float32 (docs/runner.md). Recorded like micro_batch")
+    store: Literal["auto", "hidden", "logits"] = Field(
+        "auto", description="what the teacher store keeps per position: `hidden`, the final norm's output (H values in "
+        "the layers' dtype, 14 KB a row at DeepSeek-V3 sizes in bfloat16) with the lm head as used beside it, from which "
+        "every reader replays the FP32 logits on its device; or `logits`, the FP32 logits themselves (V x 4 bytes a row, "
+        "517 KB at V = 129,280), the seed's format; auto: hidden, except with model.implementation: reference (whose "
+        "head is the vendor's own module): logits (docs/formats-store.md)")
     fused: bool = Field(
         False, description="run the teacher and every emulated candidate (both paths) in one pass per length and "
         "domain (`fideval fused`): each layer read once, candidates scored against the teacher's logits on the GPU "

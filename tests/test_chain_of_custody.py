@@ -131,12 +131,15 @@ def test_verify_finds_a_store_that_mixes_two_teachers(chain, tmp_path):
     from fideval.store.shard import write_shard
 
     reader = StoreReader(store)
+    assert reader.kind == "hidden"  # the default store: its shards hold the final norm's output
     sid = reader.seq_ids[0]
-    logits, tokens = reader.read(sid)
-    meta = dict(read_header(reader.path(sid)).meta)
+    hidden, tokens = reader.read_hidden(sid)
+    head = read_header(reader.path(sid))
+    meta = dict(head.meta)
     block = json.loads(meta["teacher"]) | {"dtype": "bfloat16"}
     meta["teacher"], meta["settings_sha256"] = json.dumps(block, sort_keys=True), settings_fingerprint(block)
-    sha, nbytes = write_shard(reader.path(sid), np.array(logits), np.array(tokens), meta)
+    sha, nbytes = write_shard(reader.path(sid), np.array(hidden.numpy()), np.array(tokens), meta, tensor="hidden",
+                              dtype=head.dtype)
     man = json.loads((store / mfest.MANIFEST).read_text())
     man["shards"][sid] |= {"sha256": sha, "bytes": nbytes}
     (store / mfest.MANIFEST).write_text(json.dumps(man))

@@ -392,8 +392,8 @@ def _(t, tok):
 @case("store: unknown format version", exit_code=1)
 def _(t, tok):
     root = _store(t)
-    edit_manifest(root, lambda m: m.update(version="2"))
-    return ["verify", root], ["manifest.json", "store version '2'"]
+    edit_manifest(root, lambda m: m.update(version="3"))
+    return ["verify", root], ["manifest.json", "store version '3'"]
 
 
 @case("store: manifest entry of the wrong type", exit_code=1)

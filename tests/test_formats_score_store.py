@@ -14,7 +14,8 @@ from fideval.store.manifest import read_manifest
 
 SCORE = {"format": "fideval.score", "version": 1, "candidate": "q4", "path": "store", "length": 64, "rows": 126,
          "teacher": {"store": "t", "model_id": "org/m", "model_revision": "abc", "manifest_sha256": None, "kind": "logits",
-                     "lossy": "llama.cpp uint16 log-probs", "settings_sha256": "4" * 64, "shards": {"code-000": "0" * 64}},
+                     "lossy": "llama.cpp uint16 log-probs", "settings_sha256": "4" * 64, "shards": {"code-000": "0" * 64},
+                     "head_sha256": None},
          "cpu_check": {"rows_checked": 4, "max_rel_diff": 1e-14, "tolerance": 2e-12, "every": 1000, "worst": None},
          "self_check": None, "nonfinite_rows": 0, "on_nonfinite": "fail", "device": "cpu", "kernel": "torch",
          "figures": ["kld"], "records": "records.parquet", "candidate_info": None, "tool": {"name": "fideval"},
@@ -74,7 +75,7 @@ def test_bad_score_json_is_one_line_naming_the_key(edit, want):
     (lambda o: o["shards"]["code-000"].pop("rows"), "missing key 'shards.code-000.rows'"),
     (lambda o: o["shards"]["code-000"].update(bytes=1.5), "shards.code-000: 'bytes' is 1.5, expected integer"),
     (lambda o: o["shards"]["code-000"].update(sha256="X"), "shards.code-000: 'sha256' is not 64 lower-case hex digits"),
-    (lambda o: o.update(version="2"), "has store version '2' (a newer fideval); this fideval reads version 1"),
+    (lambda o: o.update(version="3"), "has store version '3' (a newer fideval); this fideval reads version 1, 2"),
     (lambda o: o.update(format="fideval.logits"), "is not a fideval.store file (format 'fideval.logits')"),
 ])
 def test_bad_manifests_are_one_line_naming_the_file_and_key(tmp_path, edit, want):

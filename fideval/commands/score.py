@@ -13,7 +13,8 @@ def score(
     teacher: options.Teacher,
     out: Annotated[Path, options.out("records folder: records.parquet + score.json")],
     candidate: Annotated[str | None, typer.Option(
-        "--candidate", help="candidate logit store (folder or hf://...); with --config, a candidate name from the config")] = None,
+        "--candidate", help="candidate store, logits or hidden (folder or hf://...); with --config, a candidate name from "
+        "the config")] = None,
     config: Annotated[Path | None, options.config(
         "run the config's candidate through the layer-by-layer runner instead of reading a store")] = None,
     name: Annotated[str | None, typer.Option("--name", help="candidate name in the records (default: the store's folder name)")] = None,
@@ -37,6 +38,9 @@ def score(
     routes: Annotated[bool, typer.Option(
         "--routes", help="also record the config candidate's routed experts and weights per MoE layer and position into "
         "<out>/routes/ (docs/formats-routes.md; records unchanged)")] = False,
+    head_from: Annotated[str | None, typer.Option(
+        "--head-from", help="a hidden teacher store published without its head.safetensors: the model folder (or hf://ORG/NAME) "
+        "to take the lm head from, checked against the store's digest")] = None,
 ) -> None:
     """Score candidate logits against the teacher's in float64 over the full vocabulary."""
     import os
@@ -46,8 +50,7 @@ def score(
     from fideval.lock import output_lock
     from fideval.score.candidate import select
     from fideval.score.run import ScoreSettings, score_candidate
-    from fideval.store import StoreReader
-    from fideval.store.hub import resolve_store
+    from fideval.score.stores import open_store
 
     cfg = load_config(config) if config is not None else None
     device = device or (cfg.teacher.device if cfg is not None else "auto")
@@ -61,7 +64,7 @@ def score(
             return x if d is None or x is None else type(x)(str(x).replace(PER_DOMAIN, d))
 
         t_spec, d_out = at(teacher), at(out)
-        t = StoreReader(resolve_store(t_spec))
+        t = open_store(t_spec, head_from)
         cand = select(t, candidate if cfg is not None else at(candidate), path, settings, cfg=cfg, name=name, self_check=self_check,
                       routes=Path(d_out) if routes else None)
         if os.environ.get("RANK", "0") != "0":  # under torchrun rank 0 alone scores, writes and holds the lock

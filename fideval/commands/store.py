@@ -1,5 +1,6 @@
-"""``fideval verify``, ``import-llamacpp`` and ``export-llamacpp``: check a logit store; turn a llama.cpp KLD base
-into one, and one into a llama.cpp KLD base."""
+"""``fideval verify``, ``import-llamacpp``, ``export-llamacpp`` and ``fideval store materialize`` / ``card``: check a
+store; turn a llama.cpp KLD base into one, and one into a llama.cpp KLD base; write a hidden store's logits as a logit
+store; (re)write a store's dataset card."""
 
 from pathlib import Path
 from typing import Annotated
@@ -10,7 +11,7 @@ from fideval.commands import options
 
 
 def verify(store: Annotated[str, typer.Argument(help="store folder or hf://datasets/ORG/NAME@REV/sub")]) -> None:
-    """Check every shard of a logit store (hash, size, header, rows, manifest, index); one line per problem."""
+    """Check every shard of a store (hash, size, header, rows, manifest, index; a hidden store's head); one line per problem."""
     from fideval.store.hub import resolve_store
     from fideval.store.verify import verify_store
 
@@ -73,3 +74,46 @@ def export_llamacpp_cmd(
                f"{s['rows_per_chunk']} rows each (positions {s['n_ctx'] // 2}..{s['n_ctx'] - 2}), vocab {s['n_vocab']}"
                f"{skipped}; score a GGUF with: llama-perplexity -m MODEL.gguf --kl-divergence-base {out} "
                f"--kl-divergence -c {s['n_ctx']}")
+
+
+HELP = "Teacher stores: materialize a hidden store's logits, write a store's dataset card."
+
+
+def materialize_cmd(
+    store: Annotated[str, typer.Argument(help="hidden store folder or hf://datasets/ORG/NAME@REV/sub")],
+    out: Annotated[Path, options.out("logit store folder to write (resumes if present)")],
+    device: options.Device = None,
+    head_from: Annotated[str | None, typer.Option(
+        "--head-from", help="the model folder (or hf://ORG/NAME) to take the head from when the store has no head.safetensors")] = None,
+    windows: Annotated[Path | None, typer.Option(
+        "--windows", help="the eval-windows.json the store was computed on (its sources go into the dataset card)")] = None,
+) -> None:
+    """Write a hidden store's FP32 logits (replayed through its head) as a logit store, in the seed's format."""
+    from fideval.fsio import remove_temps
+    from fideval.lock import output_lock
+    from fideval.model.device import resolve_device
+    from fideval.score.stores import open_store
+    from fideval.store.materialize import materialize
+
+    rows = open_store(store, head_from)
+    dev = resolve_device(device or "auto")
+    with output_lock(out, "materialize"):
+        remove_temps(out)
+        s = materialize(rows, out, str(dev), windows)
+    typer.echo(f"{out}: {s['written']} shards written, {s['skipped']} already done; {s['rows']:,} logit rows, "
+               f"{s['bytes'] / 1e9:.3f} GB (the hidden store: {_store_bytes(rows.root) / 1e9:.3f} GB)")
+
+
+def card_cmd(
+    store: Annotated[Path, typer.Argument(help="a finished store folder")],
+    windows: Annotated[Path | None, typer.Option(
+        "--windows", help="the eval-windows.json the store was computed on (its sources go into the card)")] = None,
+) -> None:
+    """(Re)write a store's dataset card, README.md in the Hugging Face dataset-card format."""
+    from fideval.store import card
+
+    typer.echo(f"{card.write(store, windows)}")
+
+
+def _store_bytes(root: Path) -> int:
+    return sum(p.stat().st_size for p in Path(root).rglob("*") if p.is_file())

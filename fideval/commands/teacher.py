@@ -1,4 +1,5 @@
-"""``fideval teacher``: FP32 reference logits for every window/cut, layer by layer, into a logit store."""
+"""``fideval teacher``: the reference model layer by layer over every window/cut, into a teacher store: the final norm's
+output and the head (``--store hidden``, the default) or the FP32 logits (``--store logits``)."""
 
 from pathlib import Path
 from typing import Annotated
@@ -11,7 +12,7 @@ from fideval.commands import options
 def teacher(
     windows: Annotated[Path, typer.Option("--windows", help="output folder of 'fideval windows', or one of its "
                                           "windows-<W>/ or cuts-<C>/ token files (then only that length)")],
-    out: Annotated[Path, options.out("logit store folder to write (resumes if present); with {domain} in it, one store per "
+    out: Annotated[Path, options.out("teacher store folder to write (resumes if present); with {domain} in it, one store per "
                                      "--domain, run one after another in this process")],
     config: Annotated[Path | None, options.config("take model, device, dtype and run settings from this config")] = None,
     model: Annotated[Path | None, typer.Option("--model", help="Hugging Face checkpoint folder (config.json + safetensors)")] = None,
@@ -23,6 +24,10 @@ def teacher(
     lm_head: Annotated[str | None, typer.Option(
         "--lm-head", help="the lm head's arithmetic: auto (bf16 products, float32 sums where that is exact: bf16 layers "
         "on a GPU), float32 or bf16 (default: config, else auto)")] = None,
+    store: Annotated[str | None, typer.Option(
+        "--store", help="what the store keeps: hidden (the final norm's output and the head; every reader replays the FP32 "
+        "logits) or logits (the FP32 logits, 517 KB a row at V = 129,280); auto: hidden, logits with the reference code "
+        "(default: config, else auto)")] = None,
     micro_batch: Annotated[int | None, typer.Option(
         "--micro-batch", min=1, help="sequences per attention call (default: config, else auto: 1 on a CPU, sized on a GPU)")] = None,
     mlp_tokens: Annotated[str | None, typer.Option(
@@ -44,7 +49,8 @@ def teacher(
         "--routes", help="also record every MoE layer's routed experts and weights per position into <store>/routes/ "
         "(docs/formats-routes.md; the shards are unchanged; needs --mlp-tokens off)")] = False,
 ) -> None:
-    """Run the reference model layer by layer and store float32 logits for every position.
+    """Run the reference model layer by layer and store, for every position, the final norm's output (replayed into
+    float32 logits by every reader) or the float32 logits themselves.
 
     For model parallel, launch the library entry point under torchrun:
     ``torchrun --nproc-per-node N -m fideval.model.teacher --model ... --windows ... --out ...``.
@@ -59,7 +65,11 @@ def teacher(
     sequence_folders(windows, kinds)  # a bad --windows or --lengths fails before the output folder exists
     args = _settings(config, model=model, model_id=model_id, model_revision=model_revision, device=device,
                      dtype=dtype, micro_batch=micro_batch, mlp_tokens=mlp_tokens, chunk_bytes=chunk_bytes,
-                     implementation=implementation, code=code, trust_remote_code=trust_remote_code, lm_head=lm_head)
+                     implementation=implementation, code=code, trust_remote_code=trust_remote_code, lm_head=lm_head,
+                     store=store)
+    from fideval.model.teacher_pass import store_kind
+
+    args["store"] = store_kind(args.get("store", "auto"), args.get("implementation", "transformers"))  # before any file
     if args.get("implementation", "transformers") not in ("transformers", "reference"):
         from fideval.errors import FidevalError
 
@@ -132,7 +142,7 @@ def _settings(config: Path | None, **given) -> dict:
         base = {"model_id": cfg.model.id, "implementation": cfg.model.implementation, "code": cfg.model.code,
                 "trust_remote_code": cfg.model.trust_remote_code, "device": cfg.teacher.device, "dtype": cfg.teacher.dtype,
                 "micro_batch": cfg.teacher.micro_batch, "mlp_tokens": cfg.teacher.mlp_tokens, "chunk_bytes": cfg.teacher.chunk_bytes,
-                "lm_head": cfg.teacher.lm_head}
+                "lm_head": cfg.teacher.lm_head, "store": cfg.teacher.store}
         if files is not None:
             base.update(model=files.folder, model_revision=files.revision or cfg.model.revision)
         else:
@@ -142,4 +152,4 @@ def _settings(config: Path | None, **given) -> dict:
     if "model" not in got:
         raise FidevalError("no model given", hint="pass --model DIR or --config CONFIG")
     return {"model_dir": got.pop("model"), "device": "auto", "dtype": "float32", "micro_batch": "auto",
-            "mlp_tokens": "auto", "chunk_bytes": "auto", **got}
+            "mlp_tokens": "auto", "chunk_bytes": "auto", "store": "auto", **got}

@@ -21,7 +21,8 @@ class TeacherRef(Model):
     model_id: str | None = key("the teacher's model id, from its manifest", default=None)
     model_revision: str | None = key("the teacher's model revision, from its manifest", default=None)
     manifest_sha256: str | None = key("SHA-256 of the teacher's manifest.json (null if it has none)", default=None)
-    kind: str | None = key("the store's kind: `logits` (FP32 logits of the model) or `logprobs` (an imported, lossy "
+    kind: str | None = key("the store's kind: `logits` (FP32 logits of the model), `hidden` (the final norm's output, "
+                           "replayed into FP32 logits through the store's head) or `logprobs` (an imported, lossy "
                            "llama.cpp file)", default=None)
     lossy: str | None = key("the teacher store's `lossy` note (a llama.cpp import), null for an exact FP32 teacher "
                             "(added in version 1, optional)", default=None)
@@ -29,6 +30,9 @@ class TeacherRef(Model):
                                       "setting and the checkpoint's files; added in version 1, optional)", default=None)
     shards: dict[str, str] | None = key("sequence id -> SHA-256 of the teacher shard its rows were scored against, as "
                                         "the manifest names it (added in version 1, optional)", default=None)
+    head_sha256: str | None = key("a hidden store's lm head: the SHA-256 of its tensor content (the `weight_sha256` of the "
+                                  "store's `head` block, docs/formats-store.md), which the replayed logits came from; null "
+                                  "for a logit store (optional)", default=None)
 
 
 @dataclass(frozen=True, kw_only=True)

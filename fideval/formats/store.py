@@ -1,4 +1,8 @@
-"""A logit store's ``manifest.json`` (format ``fideval.store`` v1) and its per-shard entries.
+"""A teacher store's ``manifest.json`` (format ``fideval.store`` v2, v1 read) and its per-shard entries.
+
+v2 (this round) adds the store kind ``hidden``: shards of the final norm's output (``fideval.hidden``), the lm head as
+the run used it in ``head.safetensors`` beside them, named in the meta's ``head`` block by the SHA-256 of its file and
+of its tensor's content. A v1 store is a logit store and reads as one.
 
 The entry model serves three files: the manifest's ``shards``, the sidecars ``shards/<seq_id>.entry.json``
 written while a teacher run is in progress (an entry plus ``mtime_ns``), and the rows of ``index.parquet``.
@@ -37,7 +41,7 @@ class ShardEntry(Model):
     file: str = key("the shard's path relative to the store, `shards/<seq_id>.safetensors`")
     sha256: str = key("SHA-256 of the shard file (64 lower-case hex digits)")
     bytes: int = key("the shard file's size")
-    rows: int = key("logit rows in the shard")
+    rows: int = key("logit rows (hidden-state rows in a hidden store) in the shard")
     tokens: int = key("token ids in the shard (the sequence's length L)")
     row_start: int = key("the position row 0 predicts from: 0 for a fideval teacher, n_ctx/2 for a llama.cpp import")
     window_id: str = key("the window the sequence belongs to")
@@ -55,12 +59,13 @@ class ShardEntry(Model):
 @dataclass(frozen=True, kw_only=True)
 class StoreManifest(Model):
     FORMAT = "fideval.store"
-    VERSION = "1"
+    VERSION = "2"
+    READABLE = ("1", "2")
     KIND = "store"
     HINT = "rebuild or re-download the store"
 
     format: str = key("`fideval.store`", default=FORMAT)
-    version: str = key("`\"1\"` (a string)", default=VERSION)
+    version: str = key("`\"2\"` (a string; `\"1\"`, a logit store's, is read)", default=VERSION)
     meta: dict[str, Any] = key("the store's identity, every value a string: `model_id`, `model_revision`, "
                                "`tokenizer_sha256`, `vocab_size`, `kind` and more (below)")
     shards: dict[str, ShardEntry] = key("one entry per shard, keyed by sequence id (sorted)")

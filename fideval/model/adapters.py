@@ -216,6 +216,15 @@ class Adapter:
             return logits / self.config.logits_scaling
         return logits
 
+    def head_finish(self) -> dict | None:
+        """:meth:`finish_logits` as data (a hidden store's head block, fideval.store.head): ``{"op": "softcap" | "divide",
+        "value": ...}`` or None."""
+        if self.family.head == "softcap" and getattr(self.config, "final_logit_softcapping", None) is not None:
+            return {"op": "softcap", "value": float(self.config.final_logit_softcapping)}
+        if self.family.head == "divide":
+            return {"op": "divide", "value": float(self.config.logits_scaling)}
+        return None
+
     def final_norm(self, weight: torch.Tensor) -> torch.nn.Module:
         eps = getattr(self.config, "rms_norm_eps", 1e-6)
         with torch.device("meta"):

@@ -38,6 +38,7 @@ from fideval.model.weights.checkpoint import WeightSource, open_weights
 from fideval.timing.timeline import Timeline, module_parts
 
 DEFAULT_HOST_BUDGET = 4 << 30
+OUTPUTS = ("logits", "hidden")
 
 
 @dataclass(frozen=True)
@@ -60,7 +61,9 @@ class RunnerOptions:
     ``trust_remote_code``; ``reference``: the family driver's own options, e.g. ``{"gemm_impl": "fp8"}``);
     ``head``: the lm head's arithmetic, ``auto`` | ``float32`` | ``bf16`` (fideval.model.execution.head);
     ``routes``: record every MoE layer's routed expert ids and weights per position (``Runner.routes``,
-    fideval.model.routes; bits unchanged; needs ``mlp_tokens`` None)."""
+    fideval.model.routes; bits unchanged; needs ``mlp_tokens`` None);
+    ``output``: ``logits`` (float32 ``[L, V]`` per sequence) or ``hidden`` (the final norm's output ``[L, H]`` in the
+    layers' dtype, for a hidden store: the head is not loaded, :meth:`Runner.export_head` gives it once)."""
 
     device: str | torch.device = "cpu"
     dtype: torch.dtype = torch.float32
@@ -81,6 +84,7 @@ class RunnerOptions:
     reference: dict | None = None
     head: str = "auto"
     routes: bool = False
+    output: str = "logits"
 
 
 @dataclass
@@ -139,6 +143,12 @@ class Runner(LayerMajor):
                 self.experts[i] = expert_range(rank, world, n_exp)
         self.vocab_bounds = parallel.vocab_bounds(world, self.adapter.vocab_size)
         self.head_mode = self._choose_head()
+        if opts.output not in OUTPUTS:
+            raise FidevalError(f"runner output {opts.output!r} is not one of {', '.join(OUTPUTS)}", hint="this is a bug in the caller")
+        self.output = opts.output
+        if self.output == "hidden" and "lm_head" in self.act_transform:
+            raise FidevalError("a hidden store cannot keep a run that quantizes the lm head's activations (its logits are "
+                               "not the head applied to the stored states)", hint="write a logit store for this candidate")
         self.routes = None
         if opts.routes:
             from fideval.model.routes import RouteRecorder
@@ -232,6 +242,10 @@ class Runner(LayerMajor):
         return w, self.adapter.final_norm(norm_w)
 
     def _load_head(self) -> torch.nn.Module:
+        if self.output == "hidden":  # the final norm alone: the head is the store's (export_head), applied on replay
+            mod = torch.nn.Module()
+            mod.norm = self._final_norm()
+            return mod
         w, norm = self._head_weights()
         mod = torch.nn.Module()
         mod.norm = norm
@@ -244,6 +258,32 @@ class Runner(LayerMajor):
         mod.lm_head = torch.nn.Linear(w.shape[1], w.shape[0], bias=False, device="meta")
         mod.lm_head.load_state_dict({"weight": w}, assign=True)
         return mod
+
+    def _final_norm(self) -> torch.nn.Module:
+        H = self.adapter.config.hidden_size
+        norm_w = self._read(self.adapter.top_keys()["norm"], self.dtype)
+        if tuple(norm_w.shape) != (H,):
+            raise FidevalError(f"{self.ckpt.dir}: model.norm.weight has shape {list(norm_w.shape)}, config.json implies "
+                               f"[{H}]", hint="the checkpoint does not match config.json")
+        return self.adapter.final_norm(norm_w)
+
+    def export_head(self) -> tuple[torch.Tensor, dict]:
+        """The whole lm head as this run applies it (every vocabulary row, after the candidate's weight transform; on the
+        CPU) and how (fideval.store.head's block: the mode, the family's finishing step, the tensor it came from, the
+        final norm's output dtype): what a hidden store keeps beside its states."""
+        keys, H = self.adapter.top_keys(), int(self.adapter.config.hidden_size)
+        w = self.adapter.cast(self.adapter.read(keys["lm_head"], rows=(0, self.vocab_size)), torch.float32)
+        if w.ndim != 2 or tuple(w.shape) != (self.vocab_size, H):
+            raise FidevalError(f"{self.ckpt.dir}: {keys['lm_head']} has shape {list(w.shape)}, config.json implies "
+                               f"[{self.vocab_size}, {H}]", hint="the checkpoint does not match config.json")
+        if self.options.weight_transform is not None:
+            w = self.adapter.transform(self.options.weight_transform, "lm_head", "lm_head.weight", w, owned=True)
+        norm_w = self.adapter.cast(self.adapter.read(keys["norm"]), self.dtype)
+        probe = self.adapter.final_norm(norm_w)(torch.zeros((1, H), dtype=self.dtype))
+        info = {"lm_head": self.head_mode, "finish": self.adapter.head_finish(), "source": keys["lm_head"],
+                "tied": keys["lm_head"] == keys["embed"], "hidden_dtype": str(probe.dtype).removeprefix("torch."),
+                "hidden_size": H}
+        return w, info
 
     def _choose_head(self) -> str:
         """The lm head's mode (fideval.model.execution.head): ``options.head`` or, for ``auto``, ``bf16`` where it forms the
@@ -400,6 +440,8 @@ class Runner(LayerMajor):
                 c.states[j] = None
             with tl.part("head"):
                 x = head.norm(x)
+                if self.output == "hidden":  # replicated over the ranks: no gather
+                    return x
                 x = x if self.head_mode == "bf16" else x.to(torch.float32)
                 fn = self.act_transform.get("lm_head")
                 if fn is not None:

@@ -41,14 +41,16 @@ def run_teacher(model_dir, windows_dir, out, *, kinds=KINDS, device="auto", dtyp
                 model_revision=None, micro_batch: int | str = "auto", mlp_tokens: int | str | None = "auto",
                 chunk_bytes: int | str | None = "auto", peak_tflops: float | None = None,
                 domains: list[str] | None = None, implementation: str = "transformers", code: str | None = None,
-                trust_remote_code: bool = False, lm_head: str = "auto", routes: bool = False) -> dict:
+                trust_remote_code: bool = False, lm_head: str = "auto", routes: bool = False, store: str = "auto") -> dict:
     """The teacher run; returns ``written``, ``skipped``, ``canaries``, ``stats`` (the runner's), ``settings``
     (what ran) and ``profile`` (the whole run's accounting, also in the store's manifest meta). ``implementation``
     ``reference`` runs the vendor's code (``code``: its folder, relative to the model or absolute; needs
     ``trust_remote_code``); the store's ``teacher`` block then records the code's SHA-256 per file and kernels.
     ``lm_head``: the head's arithmetic (fideval.model.execution.head), recorded; a resumed store keeps its own.
     ``routes``: every MoE layer's routes of each sequence written into ``out/routes/`` (docs/formats-routes.md;
-    the shards' bytes are those of a run without)."""
+    the shards' bytes are those of a run without). ``store``: ``logits`` (the FP32 logits), ``hidden`` (the final
+    norm's output, with the head beside it in ``head.safetensors``; docs/formats-store.md) or ``auto`` (hidden, logits
+    with the reference code)."""
     from fideval.formats import routes as route_files
     from fideval.model import sizing
     from fideval.model.flops import flops_per_token
@@ -60,7 +62,7 @@ def run_teacher(model_dir, windows_dir, out, *, kinds=KINDS, device="auto", dtyp
     windows_dir, folders = sequence_folders(Path(windows_dir), tuple(kinds))
     tp = TeacherPass(model_dir, windows_dir, folders, out, asked=asked, device=device, dtype=dtype, domains=domains,
                      model_id=model_id, model_revision=model_revision, implementation=implementation, code=code,
-                     trust_remote_code=trust_remote_code, lm_head=lm_head, peak_tflops=peak_tflops)
+                     trust_remote_code=trust_remote_code, lm_head=lm_head, peak_tflops=peak_tflops, store=store)
     runner = tp.runner(routes=True) if routes else tp.runner()
     tp.start(runner)
     canaries, flops, done = [], 0.0, tp.done
@@ -74,7 +76,7 @@ def run_teacher(model_dir, windows_dir, out, *, kinds=KINDS, device="auto", dtyp
                 # A resumed run computes the chunks that hold a missing sequence, whole: its micro-batches and MLP
                 # blocks are an uninterrupted run's, so its shards are bit-identical; the canary's first pass,
                 # when its chunk is done, is the stored shard.
-                for sid, logits in runner.iter_logits(s, skip=done.__contains__, stored_digest=tp.stored_digest):
+                for sid, logits in runner.iter_logits(s, skip=done.__contains__, stored_digest=tp.stored_digest):  # or states
                     tp.write(s, row[sid], logits)
                     if routes:
                         took = runner.routes.pop(row[sid])
@@ -118,6 +120,9 @@ def main(argv=None) -> int:
     ap.add_argument("--lm-head", default="auto", choices=("auto", "float32", "bf16"),
                     help="the lm head's arithmetic (auto: bf16 products with float32 sums where exact, docs/runner.md)")
     ap.add_argument("--peak-tflops", type=float, help="the GPU's peak for the utilisation figure (default: by its name)")
+    ap.add_argument("--store", default="auto", choices=("auto", "hidden", "logits"),
+                    help="what the store keeps: the final norm's output and the head, or the FP32 logits (auto: hidden; "
+                    "logits with the reference code)")
     ap.add_argument("--routes", action="store_true", help="also record the MoE routes into <out>/routes/ (docs/formats-routes.md)")
     ap.add_argument("--model-id")
     ap.add_argument("--model-revision")
@@ -129,7 +134,7 @@ def main(argv=None) -> int:
                             dtype=a.dtype, model_id=a.model_id, model_revision=a.model_revision, micro_batch=a.micro_batch,
                             mlp_tokens=a.mlp_tokens, chunk_bytes=a.chunk_bytes, peak_tflops=a.peak_tflops,
                             implementation=a.implementation, code=a.code, trust_remote_code=a.trust_remote_code,
-                            lm_head=a.lm_head, routes=a.routes)
+                            lm_head=a.lm_head, routes=a.routes, store=a.store)
         except FidevalError as e:
             print(f"fideval: error: {e.line()}", file=sys.stderr)
             return 2

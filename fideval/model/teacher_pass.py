@@ -40,6 +40,22 @@ if TYPE_CHECKING:
     from fideval.windows.layout import Sequences
 
 KINDS = ("windows", "cuts")
+STORES = ("auto", "hidden", "logits")  # what a teacher store keeps (docs/formats-store.md)
+
+
+def store_kind(asked: str, implementation: str) -> str:
+    """The store kind a run writes: ``asked``, or for ``auto`` ``hidden`` (36x smaller at DeepSeek-V3 sizes, no logit
+    read-back), except the reference code's ``logits`` (its head is the vendor driver's own module). An asked-for
+    hidden store with the reference code is one line."""
+    if asked not in STORES:
+        raise FidevalError(f"teacher store {asked!r} is not one of {', '.join(STORES)}", hint="use auto, hidden or logits")
+    if asked == "auto":
+        return "logits" if implementation == "reference" else "hidden"
+    if asked == "hidden" and implementation == "reference":
+        from fideval.model.reference.runner import NOT_HIDDEN, NOT_HIDDEN_HINT
+
+        raise FidevalError(NOT_HIDDEN, hint=NOT_HIDDEN_HINT)
+    return asked
 LATE = ("lm_head", "reference_code", "weights")  # known once the runner exists (TeacherPass.start)
 
 
@@ -123,8 +139,8 @@ def adopt_head(asked: str, recorded: str | None, where: str) -> str:
 
 
 def stored_digest(out: Path, seq_id: str) -> str | None:
-    """The digest (fideval.model.execution.determinism.digest) of a finished shard's logits: a resumed run's canary
-    compares its recomputation of the first micro-batch with what the first run stored."""
+    """The digest (fideval.model.execution.determinism.digest) of a finished shard's rows (logits, or a hidden store's
+    states): a resumed run's canary compares its recomputation of the first micro-batch with what the first run stored."""
     import numpy as np
     import torch
 
@@ -136,12 +152,14 @@ def stored_digest(out: Path, seq_id: str) -> str | None:
         head = read_header(path)
     except FidevalError:
         return None
-    logits = np.fromfile(path, dtype="<f4", count=head.rows * head.vocab, offset=head.logits_offset)
-    return digest(torch.from_numpy(logits.reshape(head.rows, head.vocab)))
+    npd, td = {"F32": ("<f4", torch.float32), "BF16": ("<i2", torch.bfloat16), "F16": ("<f2", torch.float16)}[head.dtype]
+    rows = np.fromfile(path, dtype=npd, count=head.rows * head.vocab, offset=head.logits_offset)
+    return digest(torch.from_numpy(rows.reshape(head.rows, head.vocab)).view(td))
 
 
 def store_meta(model_dir: Path, ckpt, *, implementation: str, arch: str, dtype: str, dev, world: int, release, vocab: int,
-               model_id: str | None, model_revision: str | None, tokenizer_sha256: str | None) -> tuple[dict, dict]:
+               model_id: str | None, model_revision: str | None, tokenizer_sha256: str | None, store: str = "logits",
+               hidden_size: int | None = None) -> tuple[dict, dict]:
     """The store's ``teacher`` block (what computed the logits; the settings join it once sized) and its meta."""
     import torch
 
@@ -159,7 +177,9 @@ def store_meta(model_dir: Path, ckpt, *, implementation: str, arch: str, dtype: 
              "weights": fp8_release.describe(ckpt, release, resolve_dtype(dtype), dev),
              "checkpoint": checkpoint_identity(model_dir)}
     meta = {"model_id": model_id or model_dir.name, "model_revision": model_revision or "local",
-            "tokenizer_sha256": tokenizer_sha256 or "unknown", "vocab_size": vocab, "kind": "logits", "teacher": block}
+            "tokenizer_sha256": tokenizer_sha256 or "unknown", "vocab_size": vocab, "kind": store, "teacher": block}
+    if store == "hidden":
+        meta["hidden_size"] = hidden_size
     return block, meta
 
 
@@ -215,7 +235,7 @@ class TeacherPass:
                  asked: dict[str, Any], device: str | torch.device = "auto", dtype: str = "float32",
                  domains: list[str] | None = None, model_id: str | None = None, model_revision: str | None = None,
                  implementation: str = "transformers", code: str | None = None, trust_remote_code: bool = False,
-                 lm_head: str = "auto", models: int = 1, peak_tflops: float | None = None):
+                 lm_head: str = "auto", models: int = 1, peak_tflops: float | None = None, store: str = "auto"):
         self.t_start = time.perf_counter()
         from fideval.model.device import resolve_device, resolve_dtype
         from fideval.model.execution.parallel import init_from_env
@@ -227,6 +247,7 @@ class TeacherPass:
         self.folders, self.dtype, self.implementation = list(folders), dtype, implementation
         self.code, self.trust_remote_code, self.peak_tflops = code, trust_remote_code, peak_tflops
         resolve_dtype(dtype)  # a bad name fails before any file is read
+        self.store = store = store_kind(store, implementation)
         asked = dict(asked)
         drv = None
         if implementation == "reference":  # the code, its trust, ModelArgs, dtype and the cuts: before the store exists
@@ -262,7 +283,8 @@ class TeacherPass:
         self.release, self.vocab = release, vocab
         self.block, self.meta = store_meta(self.model_dir, ckpt, implementation=implementation, arch=arch, dtype=dtype,
                                            dev=dev, world=self.world, release=release, vocab=vocab, model_id=model_id,
-                                           model_revision=model_revision, tokenizer_sha256=win_sha or model_sha)
+                                           model_revision=model_revision, tokenizer_sha256=win_sha or model_sha,
+                                           store=store, hidden_size=int(self.config.hidden_size) if store == "hidden" else None)
         self.writer = StoreWriter(self.out, self.meta) if self.rank == 0 else None
         self.seqs = read_checked(self.windows_dir, self.folders, domains, vocab)
         done = {sid for s in self.seqs for sid in s.ids if self.writer.done(sid)} if self.writer is not None else set()
@@ -307,8 +329,8 @@ class TeacherPass:
         RunnerOptions fields that do not shape the bits (``routes``)."""
         from fideval.model.runner import make_runner
 
-        return make_runner(self.model_dir, self.options(**extra), rank=self.rank, world=self.world, group=self.group,
-                           timeline=self.timeline)
+        return make_runner(self.model_dir, self.options(output=self.store, **extra), rank=self.rank, world=self.world,
+                           group=self.group, timeline=self.timeline)
 
     def separate_settings(self) -> Settings:
         """The settings a separate pass (one model) would size here: what a fused pass's start line compares with."""
@@ -368,6 +390,11 @@ class TeacherPass:
             self.block["reference_code"] = runner.provenance()
             self.block["weights"] = runner.weights_description
         self.check_resumed(final=True)
+        self.head_weight = self.head_block = None
+        if self.store == "hidden" and self.rank == 0:  # the head as the run applies it, beside the states
+            weight, info = runner.export_head()  # part of the startup: before the timeline starts
+            self.head_block = self.writer.set_head(weight, info)
+            self.head_weight = weight
         if self.writer is not None:
             self.writer.meta["teacher"] = json.dumps(self.block, sort_keys=True)
             self.writer.meta["settings_sha256"] = settings_fingerprint(self.block)
@@ -426,6 +453,9 @@ class TeacherPass:
             self.bg.meta["profile"] = json.dumps(prof, sort_keys=True)
             self.bg.meta.update(extra_meta or {})
             self.bg.finish()
+            from fideval.store import card
+
+            card.write(self.out, self.windows_dir / "eval-windows.json")  # the dataset card beside the store
         return prof
 
     @staticmethod

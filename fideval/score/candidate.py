@@ -393,6 +393,12 @@ def store_shards(reader: Any, seq_ids: Iterable[str], device: Any = None, prefet
 
     from fideval.store.feed import mapped_tensor
 
+    if hasattr(reader, "logits"):  # a hidden store: each shard's states through its own head, on the scoring device
+        dev = torch.device(device) if device is not None else torch.device("cpu")
+        for sid in seq_ids:
+            logits, tokens = reader.logits(sid, dev)
+            yield CandidateShard(sid, logits, tokens, reader.row_start(sid))
+        return
     if device is None or torch.device(device).type == "cpu":
         for sid in seq_ids:
             logits, tokens = reader.read(sid)
@@ -404,8 +410,9 @@ def store_shards(reader: Any, seq_ids: Iterable[str], device: Any = None, prefet
 
 def from_store(reader: StoreReader, teacher: StoreReader, name: str, path: str = "store", device: Any = None,
                spec: Any = None) -> Candidate:
-    """A candidate logit store (a StoreReader), checked against the teacher: same vocabulary, a shard for
-    every teacher sequence. Its shards come in the teacher's order, so a GPU run streams both side by side."""
+    """A candidate store (logits, or hidden states replayed through the candidate's own head), checked against the
+    teacher: same vocabulary, a shard for every teacher sequence. Its shards come in the teacher's order, so a GPU run
+    streams both side by side."""
     where = f"--candidate {reader.root}"
     if reader.vocab_size != teacher.vocab_size:
         raise FidevalError(f"{where}: vocab_size {reader.vocab_size} differs from the teacher's {teacher.vocab_size}",
@@ -434,19 +441,24 @@ def store_identity(reader: Any, spec: Any = None) -> dict[str, Any]:
             "model_revision": meta.get("model_revision"), "kind": meta.get("kind")}
 
 
-def teacher_shards(teacher: TeacherRows, seq_ids: Iterable[str]) -> Iterator[CandidateShard]:
-    """The teacher's own shards, copied out of the memory map, as a candidate's."""
+def teacher_shards(teacher: TeacherRows, seq_ids: Iterable[str], device: Any = None) -> Iterator[CandidateShard]:
+    """The teacher's own shards, copied out of the memory map, as a candidate's (a hidden store's replayed on ``device``)."""
     import torch
 
+    if hasattr(teacher, "logits"):
+        for sid in seq_ids:
+            logits, tokens = teacher.logits(sid, device if device is not None else "cpu")
+            yield CandidateShard(sid, logits, tokens, teacher.row_start(sid))
+        return
     for sid in seq_ids:
         logits, tokens = teacher.read(sid)
         yield CandidateShard(sid, torch.from_numpy(np.array(logits, dtype=np.float32)), tokens, teacher.row_start(sid))
 
 
-def teacher_itself(teacher: TeacherRows, name: str = "self", path: str = "store") -> Candidate:
+def teacher_itself(teacher: TeacherRows, name: str = "self", path: str = "store", device: Any = None) -> Candidate:
     """The teacher as its own candidate (``--self-check`` alone): every row must score exactly 0."""
     ids = list(teacher.seq_ids)
-    return Candidate(name=name, path=path, shards=teacher_shards(teacher, ids), is_teacher=True, pending=ids,
+    return Candidate(name=name, path=path, shards=teacher_shards(teacher, ids, device), is_teacher=True, pending=ids,
                      extent=lambda sid: (teacher.row_start(sid), int(teacher.entry(sid)["rows"])),
                      shard_sha256=lambda sid: teacher.entry(sid)["sha256"])
 
@@ -469,11 +481,12 @@ def select(teacher: StoreReader, spec: str | None, path: str, settings: ScoreSet
     if spec is None:
         if not self_check:
             raise FidevalError("give --candidate STORE (or --self-check to score the teacher against itself)")
-        return teacher_itself(teacher, name or "self", path)
+        from fideval.score.kernels import pick
+
+        return teacher_itself(teacher, name or "self", path, pick(settings.device, settings.kernel)[0])
     from fideval.score.kernels import pick
-    from fideval.store import StoreReader
-    from fideval.store.hub import resolve_store
+    from fideval.score.stores import open_store
 
     dev, _ = pick(settings.device, settings.kernel)
-    return from_store(StoreReader(resolve_store(spec)), teacher, name or Path(str(spec).rstrip("/")).name, path,
+    return from_store(open_store(spec), teacher, name or Path(str(spec).rstrip("/")).name, path,
                       device=dev if dev.type == "cuda" else None, spec=spec)

@@ -193,7 +193,7 @@ class _FusedPass:
         self.tp = tp = TeacherPass(files.folder, windows_dir, [folder], out, asked=asked, device=self.dev,
                                    dtype=cfg.teacher.dtype, domains=[domain], model_id=cfg.model.id,
                                    model_revision=files.revision or cfg.model.revision, lm_head=cfg.teacher.lm_head,
-                                   models=1 + len(self.pairs), peak_tflops=peak_tflops)
+                                   models=1 + len(self.pairs), peak_tflops=peak_tflops, store=cfg.teacher.store)
         self.seqs = tp.seqs[0]
         # a separate pass's chunk, for the start line (sized before any model takes memory; a resumed store keeps
         # what it recorded)
@@ -214,6 +214,11 @@ class _FusedPass:
         self.lock = Lockstep(self.runners)
         self._start_line(alone)
         tp.start(teacher)
+        self.replay = None
+        if tp.store == "hidden":  # the teacher's rows are its states: scored through the store's head, as a reader replays them
+            from fideval.store.replay import ReplayHead
+
+            self.replay = ReplayHead(tp.head_weight, tp.head_block, self.dev)
 
     def _scorings(self, records: Path, infos: list[dict[str, Any]], self_check: bool) -> list[_Scoring]:
         """Each candidate's (and the self-check's) scoring, with the records a killed pass kept against a teacher
@@ -264,7 +269,10 @@ class _FusedPass:
                     sid = ids[row]
                     if k == 0:
                         if sid in self.write:
-                            tp.write(seqs, row, logits)
+                            tp.write(seqs, row, logits)  # a hidden store's: the final norm's output
+                        if self.replay is not None:
+                            with tp.timeline.part("head"):
+                                logits = self.replay(logits)
                         live.rows[sid] = (logits, seqs.tokens[row])
                     s = self.scorings[k]
                     if s is not None and sid not in s.stats:

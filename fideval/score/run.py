@@ -45,6 +45,7 @@ from fideval.score.metrics import FIGURES, max_rel_diff
 from fideval.score.records import shard_table
 from fideval.score.resume import ShardCache
 from fideval.store.feed import TeacherFeed, mapped_tensor
+from fideval.store.replay import HiddenStore
 from fideval.store.rows import RowFeed, TeacherRows
 from fideval.windows.layout import token_sha256
 
@@ -300,7 +301,19 @@ def _teacher_block(teacher: TeacherRows, store: str | None, ids: list[str]) -> T
                       model_revision=teacher.meta.get("model_revision"),
                       manifest_sha256=sha256_file(man) if man.exists() else None, kind=teacher.meta.get("kind"),
                       settings_sha256=teacher.meta.get("settings_sha256"),
-                      shards=shards if shards and all(shards.values()) else None)
+                      shards=shards if shards and all(shards.values()) else None,
+                      head_sha256=_head_digest(teacher.meta))
+
+
+def _head_digest(meta: dict[str, Any]) -> str | None:
+    """A hidden store's head content digest, from its meta's ``head`` block (None: a logit store)."""
+    import json
+
+    try:
+        block = json.loads(meta.get("head") or "null")
+    except ValueError:
+        return None
+    return block.get("weight_sha256") if isinstance(block, dict) else None
 
 
 def self_check(teacher: TeacherRows, *, device: str = "auto", kernel: str = "auto") -> dict[str, Any]:
@@ -310,12 +323,17 @@ def self_check(teacher: TeacherRows, *, device: str = "auto", kernel: str = "aut
     is exact on purpose. Raises :class:`FidevalError` otherwise; returns ``{max_kld, top1, rows}``.
     """
     dev, kernel = pick(device, kernel)
-    run = Scorer(teacher, dev, kernel, ScoreSettings(cpu_check_every=10**12, cpu_check_tolerance=float("inf")))
     ids = teacher.seq_ids
-    with progress("self-check", total=sum(teacher.entry(s)["rows"] for s in ids), unit="rows") as bar:
-        for item in teacher_shards(teacher, ids):
-            out = run.shard(item)
-            bar.advance(len(out["positions"]) if out else 0)
+    feed = teacher.feed(list(ids), dev) if isinstance(teacher, HiddenStore) else None  # replayed on the device
+    run = Scorer(teacher, dev, kernel, ScoreSettings(cpu_check_every=10**12, cpu_check_tolerance=float("inf")), feed)
+    try:
+        with progress("self-check", total=sum(teacher.entry(s)["rows"] for s in ids), unit="rows") as bar:
+            for item in teacher_shards(teacher, ids, dev):
+                out = run.shard(item)
+                bar.advance(len(out["positions"]) if out else 0)
+    finally:
+        if feed is not None:
+            feed.close()
     return run.self_result()
 
 
@@ -392,7 +410,10 @@ def score_candidate(teacher: StoreReader, candidate: Candidate, out_dir: str | P
                 pass
         return {}
     order = candidate.order  # a store's: the same list as ``pending``, so without the shards already scored
-    feed = TeacherFeed(teacher, list(order), dev) if order and dev.type == "cuda" else None
+    if isinstance(teacher, HiddenStore):  # the head replayed on the scoring device, the next shard read ahead
+        feed = teacher.feed(list(order) if order else [s for s in ids if s not in stats], dev)
+    else:
+        feed = TeacherFeed(teacher, list(order), dev) if order and dev.type == "cuda" else None
     run = Scorer(teacher, dev, kernel, settings, feed, tl)
     rule = lossy_rule(teacher.meta, candidate.lossy) if not candidate.is_teacher else None
     if rule == RULE_ENCODE:

@@ -135,5 +135,8 @@ def import_llamacpp(path: str | Path, out: str | Path, *, model_id: str = "unkno
                 written += 1
             bar.advance(1)
     manifest = writer.finish()
+    from fideval.store import card
+
+    card.write(Path(out))  # the dataset card beside the store
     return {"chunks": base.n_chunk, "written": written, "n_ctx": base.n_ctx, "n_vocab": base.n_vocab,
             "rows_per_chunk": base.rows, "shards": len(manifest["shards"])}

@@ -1,5 +1,5 @@
-"""The store's table of contents: ``manifest.json`` (format ``fideval.store`` v1), per-shard entry sidecars, and
-``index.parquet``.
+"""The store's table of contents: ``manifest.json`` (format ``fideval.store`` v2; v1 read), per-shard entry sidecars,
+and ``index.parquet``.
 
 The manifest is the one thing a reader trusts: it names every shard with its SHA-256, size and row count, so
 a reader can check a shard before using it and ``fideval verify`` can find missing, stray or altered files.
@@ -43,11 +43,12 @@ def normalize_meta(meta: dict[str, Any]) -> dict[str, str]:
     missing = [k for k in META_REQUIRED if not out.get(k)]
     if missing:
         raise FidevalError(f"store meta lacks {', '.join(missing)}", hint="pass model_id, model_revision, "
-                           "tokenizer_sha256, vocab_size and kind ('logits' or 'logprobs')")
-    if out["kind"] not in ("logits", "logprobs"):
-        raise FidevalError(f"store meta kind {out['kind']!r} is not 'logits' or 'logprobs'")
-    if not out["vocab_size"].isdigit() or int(out["vocab_size"]) < 1:
-        raise FidevalError(f"store meta vocab_size {out['vocab_size']!r} is not a positive integer")
+                           "tokenizer_sha256, vocab_size and kind ('logits', 'logprobs' or 'hidden')")
+    if out["kind"] not in ("logits", "logprobs", "hidden"):
+        raise FidevalError(f"store meta kind {out['kind']!r} is not 'logits', 'logprobs' or 'hidden'")
+    for key in ("vocab_size", "hidden_size") if out["kind"] == "hidden" else ("vocab_size",):
+        if not out.get(key, "").isdigit() or int(out[key]) < 1:
+            raise FidevalError(f"store meta {key} {out.get(key)!r} is not a positive integer")
     return out
 
 
@@ -84,6 +85,31 @@ def read_manifest(root: Path) -> StoreManifest:
 def load_manifest(root: Path) -> dict[str, Any]:
     """:func:`read_manifest` as plain dicts, the form the store's reader and writer index into."""
     return dump(read_manifest(root))
+
+
+def recorded_head(root: Path) -> dict[str, Any] | None:
+    """The ``head`` block an existing hidden store was written with (its manifest, else the first readable shard of a
+    killed run), or None (a new store, or a logit store)."""
+    from fideval.store.shard import read_header
+
+    root = Path(root)
+    meta = None
+    if (root / MANIFEST).is_file():
+        meta = load_manifest(root)["meta"]
+    elif (root / "shards").is_dir():
+        for shard in sorted((root / "shards").glob("*.safetensors")):
+            try:
+                meta = read_header(shard).meta
+                break
+            except FidevalError:
+                continue
+    if not meta or not meta.get("head"):
+        return None
+    try:
+        block = json.loads(meta["head"])
+    except ValueError:
+        raise FidevalError(f"{root}: the store's head block is not JSON", hint="rebuild or re-download the store") from None
+    return block if isinstance(block, dict) else None
 
 
 def manifest_dict(meta: dict[str, str], shards: dict[str, dict[str, Any]]) -> dict[str, Any]:

@@ -79,6 +79,7 @@ class StoreReader:
         self._prefix = Path(os.path.abspath(self.root)).relative_to(self._link)
         self._verified: set[str] = set()
         self._lock = threading.Lock()
+        self._replay: Any = None  # a hidden store's replay (fideval.store.replay.HiddenStore), made on first read
 
     # -- paths and checks ---------------------------------------------------------------------------------
     def entry(self, seq_id: str) -> dict[str, Any]:
@@ -139,7 +140,15 @@ class StoreReader:
 
     # -- memory-mapped access -----------------------------------------------------------------------------
     def read(self, seq_id: str) -> tuple[np.ndarray, np.ndarray]:
-        """(logits float32 [rows, V] memory-mapped read-only, token_ids int32 [L]); hash checked on first read."""
+        """(logits float32 [rows, V] memory-mapped read-only, token_ids int32 [L]); hash checked on first read. A hidden
+        store's logits are replayed on the CPU through the store's own head (fideval.store.replay; a scorer on a GPU
+        replays there instead, through :func:`fideval.store.reader.open_rows`)."""
+        if self.kind == "hidden":
+            if self._replay is None:
+                from fideval.store.replay import HiddenStore
+
+                self._replay = HiddenStore(self)
+            return self._replay.read(seq_id)
         path = self.path(seq_id)
         self._check_hash(seq_id, path)
         head = read_header(path, self.entry(seq_id)["file"])
@@ -149,6 +158,27 @@ class StoreReader:
         else:
             logits = np.empty((0, head.vocab), np.float32)
         return logits, self.token_ids(seq_id)
+
+    def read_hidden(self, seq_id: str) -> tuple[Any, np.ndarray]:
+        """A hidden store's shard: (the final norm's output, a torch tensor [rows, H] in its stored dtype over a
+        read-only memory map, token_ids int32 [L]); hash checked on first read."""
+        import torch
+
+        from fideval.store.feed import mapped_tensor
+
+        if self.kind != "hidden":
+            raise FidevalError(f"{self.root} is a {self.kind} store, not a hidden one", hint="read its logits with read()")
+        path = self.path(seq_id)
+        self._check_hash(seq_id, path)
+        head = read_header(path, self.entry(seq_id)["file"])
+        self._check_head(seq_id, head)
+        npd, td = {"BF16": ("<i2", torch.bfloat16), "F16": ("<f2", torch.float16), "F32": ("<f4", torch.float32)}[head.dtype]
+        if head.rows:
+            arr = np.memmap(path, dtype=npd, mode="r", offset=head.logits_offset, shape=(head.rows, head.vocab))
+            hidden = mapped_tensor(arr).view(td)
+        else:
+            hidden = torch.empty((0, head.vocab), dtype=td)
+        return hidden, self.token_ids(seq_id)
 
     def token_ids(self, seq_id: str) -> np.ndarray:
         """A shard's token ids alone (int32 [L]), reading only its header and token bytes.
@@ -230,6 +260,9 @@ class StoreReader:
         """
         import torch
 
+        if self.kind == "hidden":
+            raise FidevalError(f"{self.root} is a hidden store: its shards are streamed through its head, not as logits",
+                               hint="open it with fideval.store.reader.open_rows (a bug in the caller)")
         ids = list(self.seq_ids if seq_ids is None else seq_ids)
         for sid in ids:
             self.entry(sid)
@@ -290,3 +323,15 @@ class StoreReader:
             if cuda:  # no copy may still read a buffer when its pages are unlocked
                 stream.synchronize()
                 buffers.close()
+
+
+def open_rows(spec: str | Path, *, model_head: Any = None, head_origin: str | None = None) -> Any:
+    """A store (folder or ``hf://datasets/...``) as the rows a scorer reads: a logit store's :class:`StoreReader`, or
+    a hidden store's :class:`~fideval.store.replay.HiddenStore` (its head from its own file, else ``model_head``, a
+    tensor read from the model folder ``head_origin`` names, checked against the store's digest)."""
+    reader = StoreReader(spec)
+    if reader.kind != "hidden":
+        return reader
+    from fideval.store.replay import HiddenStore
+
+    return HiddenStore(reader, model_head, head_origin)

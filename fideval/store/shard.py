@@ -1,4 +1,6 @@
-"""One logit shard: a safetensors file written and parsed by hand, format ``fideval.logits`` v1.
+"""One store shard: a safetensors file written and parsed by hand, format ``fideval.logits`` v1 (a logit store's:
+float32 ``logits [rows, V]``) or ``fideval.hidden`` v1 (a hidden store's: the final norm's output ``hidden [rows, H]``
+in the dtype the run computed it, BF16, F16 or F32), each with the sequence's ``token_ids [L]`` (I32).
 
 Why by hand: a teacher shard of 8,192 rows x 129,280 vocab is 4.2 GB. ``safetensors.numpy.save`` builds the
 whole file in memory (a second copy) before we could write it; here the header is a few hundred bytes and the
@@ -26,14 +28,17 @@ from fideval.formats import ids, safetensors
 from fideval.fsio import atomic_open
 
 FORMAT = "fideval.logits"
+HIDDEN_FORMAT = "fideval.hidden"
 VERSION = "1"
-KINDS = ("logits", "logprobs")
+KINDS = ("logits", "logprobs", "hidden")
+# per shard format: its data tensor's name and the dtypes it may hold (safetensors names); bytes per value
+TENSORS = {FORMAT: ("logits", ("F32",)), HIDDEN_FORMAT: ("hidden", ("BF16", "F16", "F32"))}
+ITEMSIZE = {"F32": 4, "BF16": 2, "F16": 2}
 # Metadata every shard carries (strings, as safetensors requires); the store's meta is copied into each shard
 # so a shard separated from its manifest still says what produced it.
 REQUIRED_META = ("format", "version", "seq_id", "window_id", "domain", "model_id", "model_revision",
                  "tokenizer_sha256", "vocab_size", "kind", "row_start")
 MAX_HEADER = 1 << 20  # 1 MiB: two tensors and a few dozen metadata strings need a few KB
-_DTYPES = {"F32": np.dtype("<f4"), "I32": np.dtype("<i4")}
 _CHUNK = 1 << 24
 
 
@@ -55,19 +60,26 @@ class ShardHeader:
 
     meta: dict[str, str]
     rows: int
-    vocab: int
+    vocab: int  # the data tensor's columns: V for logits, H for hidden states
     length: int  # number of tokens (L)
     row_start: int
-    logits_offset: int
+    logits_offset: int  # the data tensor's absolute offset (logits or hidden)
     token_ids_offset: int
     file_bytes: int
+    tensor: str = "logits"  # the data tensor's name: logits or hidden
+    dtype: str = "F32"  # its safetensors dtype
+
+    @property
+    def data_bytes(self) -> int:
+        return self.rows * self.vocab * ITEMSIZE[self.dtype]
 
 
-def _header_bytes(meta: dict[str, str], rows: int, vocab: int, length: int) -> bytes:
-    lbytes, tbytes = rows * vocab * 4, length * 4
+def _header_bytes(meta: dict[str, str], rows: int, width: int, length: int, tensor: str = "logits",
+                  dtype: str = "F32") -> bytes:
+    lbytes, tbytes = rows * width * ITEMSIZE[dtype], length * 4
     header = {
         "__metadata__": meta,
-        "logits": {"dtype": "F32", "shape": [rows, vocab], "data_offsets": [0, lbytes]},
+        tensor: {"dtype": dtype, "shape": [rows, width], "data_offsets": [0, lbytes]},
         "token_ids": {"dtype": "I32", "shape": [length], "data_offsets": [lbytes, lbytes + tbytes]},
     }
     raw = json.dumps(header, separators=(",", ":"), sort_keys=True).encode("utf-8")
@@ -75,10 +87,13 @@ def _header_bytes(meta: dict[str, str], rows: int, vocab: int, length: int) -> b
     return len(raw).to_bytes(8, "little") + raw
 
 
-def write_shard(path: Path, logits: np.ndarray, token_ids: np.ndarray, meta: dict[str, str]) -> tuple[str, int]:
-    """Write one shard atomically (temp name, fsync, rename); return (sha256, bytes) of what was written."""
+def write_shard(path: Path, logits: np.ndarray, token_ids: np.ndarray, meta: dict[str, str], *, tensor: str = "logits",
+                dtype: str = "F32") -> tuple[str, int]:
+    """Write one shard atomically (temp name, fsync, rename); return (sha256, bytes) of what was written.
+    ``logits``: the data tensor (``tensor``: logits or hidden) as a little-endian array of ``dtype``'s bytes (a
+    bfloat16 tensor as its uint16 view)."""
     rows, vocab = logits.shape
-    head = _header_bytes(meta, rows, vocab, token_ids.shape[0])
+    head = _header_bytes(meta, rows, vocab, token_ids.shape[0], tensor, dtype)
     h = hashlib.sha256(head)
     total = len(head)
     with atomic_open(path, "wb") as f:
@@ -109,22 +124,24 @@ def parse_header(prefix: bytes | memoryview, file_bytes: int, name: str) -> Shar
     header, meta = dict(parsed.tensors), parsed.metadata
     if meta is None:
         raise bad("metadata missing or not a map of strings")
-    if meta.get("format") != FORMAT:
-        raise bad(f"format {meta.get('format')!r} is not {FORMAT!r}")
+    fmt = meta.get("format")
+    if fmt not in TENSORS:
+        raise bad(f"format {fmt!r} is not {FORMAT!r} or {HIDDEN_FORMAT!r}")
     if meta.get("version") != VERSION:
         raise bad(f"format version {meta.get('version')!r}, this fideval reads {VERSION}")
     missing = [k for k in REQUIRED_META if k not in meta]
     if missing:
         raise bad(f"metadata lacks {', '.join(missing)}")
-    if meta["kind"] not in KINDS:
-        raise bad(f"kind {meta['kind']!r} is not one of {KINDS}")
-    if set(header) != {"logits", "token_ids"}:
-        raise bad(f"tensors {sorted(header)} are not exactly logits and token_ids")
+    if meta["kind"] not in KINDS or (meta["kind"] == "hidden") != (fmt == HIDDEN_FORMAT):
+        raise bad(f"kind {meta['kind']!r} does not fit format {fmt!r}")
+    tensor, dtypes = TENSORS[fmt]
+    if set(header) != {tensor, "token_ids"}:
+        raise bad(f"tensors {sorted(header)} are not exactly {tensor} and token_ids")
     data_start, data_bytes = parsed.data_start, parsed.data_bytes
-    for key, want_dtype, want_ndim in (("logits", "F32", 2), ("token_ids", "I32", 1)):
+    for key, want_dtypes, want_ndim in ((tensor, dtypes, 2), ("token_ids", ("I32",), 1)):
         t = header[key]
-        if t.dtype != want_dtype:
-            raise bad(f"{key} dtype {t.dtype!r} is not {want_dtype}")
+        if t.dtype not in want_dtypes:
+            raise bad(f"{key} dtype {t.dtype!r} is not {' or '.join(want_dtypes)}")
         if len(t.shape) != want_ndim:
             raise bad(f"{key} shape {list(t.shape)} is not {want_ndim} non-negative integers")
         if t.start % 4:
@@ -132,19 +149,20 @@ def parse_header(prefix: bytes | memoryview, file_bytes: int, name: str) -> Shar
     spans = sorted((t.start - data_start, t.start - data_start + t.nbytes) for t in header.values())
     if spans[0][0] != 0 or spans[0][1] != spans[1][0] or spans[1][1] != data_bytes:
         raise bad(f"tensor bytes do not exactly fill the {data_bytes} data bytes (truncated or padded)")
-    rows, vocab = header["logits"].shape
+    rows, vocab = header[tensor].shape
     (length,) = header["token_ids"].shape
+    width_key = "hidden_size" if tensor == "hidden" else "vocab_size"
     try:
-        vocab_meta, row_start = int(meta["vocab_size"]), int(meta["row_start"])
+        vocab_meta, row_start = int(meta.get(width_key, "")), int(meta["row_start"])
     except ValueError:
-        raise bad("vocab_size or row_start is not an integer") from None
+        raise bad(f"{width_key} or row_start is not an integer") from None
     if vocab != vocab_meta:
-        raise bad(f"logits have {vocab} columns, metadata says vocab_size {vocab_meta}")
+        raise bad(f"{tensor} have {vocab} columns, metadata says {width_key} {vocab_meta}")
     if not 0 <= row_start < max(length, 1) or rows not in (length - row_start, length - row_start - 1):
-        raise bad(f"{rows} logit rows do not fit {length} tokens from row_start {row_start}")
+        raise bad(f"{rows} {tensor} rows do not fit {length} tokens from row_start {row_start}")
     return ShardHeader(meta=meta, rows=rows, vocab=vocab, length=length, row_start=row_start,
-                       logits_offset=header["logits"].start, token_ids_offset=header["token_ids"].start,
-                       file_bytes=file_bytes)
+                       logits_offset=header[tensor].start, token_ids_offset=header["token_ids"].start,
+                       file_bytes=file_bytes, tensor=tensor, dtype=header[tensor].dtype)
 
 
 def read_header(path: Path, name: str | None = None) -> ShardHeader:

@@ -4,9 +4,10 @@ A store is trusted input to every score that follows, and it is large, copied be
 downloaded from the Hub, so ``verify`` checks all of it rather than stopping at the first fault: the
 manifest parses; every shard named in it exists inside the store with the recorded size and SHA-256; its
 header passes the bounded parser and agrees with the manifest (sequence id, rows, tokens, teacher identity);
-token ids are inside the vocabulary; logits are finite; ``index.parquet`` matches the manifest; and no
-stray shard or temp file lies in ``shards/``. Reading is one pass per shard plus a finiteness scan that
-usually hits the page cache.
+token ids are inside the vocabulary; logits (a hidden store's states) are finite; a hidden store's
+``head.safetensors`` has the SHA-256 and content digest its ``head`` block names and every shard names that head;
+``index.parquet`` matches the manifest; and no stray shard or temp file lies in ``shards/``. Reading is one pass
+per shard plus a finiteness scan that usually hits the page cache.
 """
 
 from __future__ import annotations
@@ -61,19 +62,27 @@ def verify_store(root: str | Path) -> tuple[list[str], dict[str, int]]:
             problems.append(err.message)
             continue
         tokens = np.fromfile(path, dtype="<i4", count=head.length, offset=head.token_ids_offset)
-        if tokens.size and (tokens.min() < 0 or tokens.max() >= head.vocab):
-            problems.append(f"shard {name}: token ids outside [0, {head.vocab})")
+        if tokens.size and (tokens.min() < 0 or tokens.max() >= reader.vocab_size):
+            problems.append(f"shard {name}: token ids outside [0, {reader.vocab_size})")
         problems += _chain(name, head.meta, tokens, reader.meta)
+        if head.meta.get("head") != reader.meta.get("head"):
+            problems.append(f"shard {name}: names another lm head than the store's (the store mixes two teachers)")
         if head.rows:
-            logits = np.memmap(path, dtype="<f4", mode="r", offset=head.logits_offset, shape=(head.rows, head.vocab))
+            import torch
+
+            npd, td = {"F32": ("<f4", torch.float32), "BF16": ("<i2", torch.bfloat16), "F16": ("<f2", torch.float16)}[head.dtype]
+            data = np.memmap(path, dtype=npd, mode="r", offset=head.logits_offset, shape=(head.rows, head.vocab))
             bad_rows = [a + int(r) for a in range(0, head.rows, _ROWS_PER_SCAN)
-                        for r in np.flatnonzero(~np.isfinite(logits[a:a + _ROWS_PER_SCAN]).all(axis=1))]
-            del logits
+                        for r in torch.nonzero(~torch.isfinite(torch.from_numpy(np.array(data[a:a + _ROWS_PER_SCAN])).view(td))
+                                               .all(dim=1)).flatten().tolist()]
+            del data
             if bad_rows:
                 problems.append(f"shard {name}: {len(bad_rows)} rows hold NaN or inf (first: row {bad_rows[0]})")
         totals["shards"] += 1
         totals["bytes"] += size
         totals["rows"] += head.rows
+    if reader.kind == "hidden":
+        problems += _head(root, reader.meta)
     shards_dir = root / "shards"
     if shards_dir.is_dir():
         for p in sorted(shards_dir.iterdir()):
@@ -101,6 +110,31 @@ def verify_store(root: str | Path) -> tuple[list[str], dict[str, int]]:
                         problems.append(f"{mf.INDEX}: row for {sid} differs from the manifest")
                         break
     return problems, totals
+
+
+def _head(root: Path, meta: dict[str, str]) -> list[str]:
+    """A hidden store's head file against its ``head`` block: present, its file SHA-256, its content digest."""
+    import json
+
+    from fideval.store import head as head_file
+
+    try:
+        block = json.loads(meta.get("head") or "null")
+        if not isinstance(block, dict):
+            return ["manifest: a hidden store without a head block"]
+        head_file.check_info(block, "manifest")
+    except (ValueError, FidevalError) as err:
+        return [f"manifest: head block unreadable ({err})"]
+    path = root / str(block.get("file", head_file.FILE))
+    if not path.is_file():
+        return [f"{block.get('file')}: missing (score with --head-from MODEL, or re-download the store)"]
+    if sha256_file(path) != block.get("sha256"):
+        return [f"{block.get('file')}: SHA-256 differs from the manifest's head block (corrupt or altered)"]
+    try:
+        head_file.load(root, block)
+    except FidevalError as err:
+        return [err.message]
+    return []
 
 
 def _chain(name: str, meta: dict[str, str], tokens: np.ndarray, store_meta: dict[str, str]) -> list[str]:

@@ -16,12 +16,17 @@ resume without redoing finished sequences and without trusting a half-written fi
 
 One writer per store at a time. Mixing teachers is refused: a shard whose header names another model,
 revision, tokenizer, vocabulary or kind is an error, not a skip.
+
+A hidden store (meta ``kind: hidden``) takes the final norm's output instead of logits (bfloat16, float16 or
+float32, kept in that dtype) and, before its first shard, the lm head as the run used it (:meth:`StoreWriter.set_head`,
+``head.safetensors``, named in the meta's ``head`` block that every shard copies).
 """
 
 from __future__ import annotations
 
 import contextlib
 import hashlib
+import json
 from pathlib import Path
 from typing import Any
 
@@ -30,9 +35,35 @@ import numpy as np
 from fideval.errors import FidevalError
 from fideval.fsio import sha256_file, write_json
 from fideval.store import manifest as mf
-from fideval.store.shard import FORMAT, VERSION, check_seq_id, read_header, shard_rel, write_shard
+from fideval.store.shard import FORMAT, HIDDEN_FORMAT, VERSION, check_seq_id, read_header, shard_rel, write_shard
 
 _IDENTITY = ("model_id", "model_revision", "tokenizer_sha256", "vocab_size", "kind")
+# torch dtype name -> (safetensors dtype, the numpy dtype its bytes are handed over as)
+_HIDDEN = {"bfloat16": ("BF16", "<i2"), "float16": ("F16", "<f2"), "float32": ("F32", "<f4")}
+
+
+def _hidden_numpy(x: Any, width: int, what: str) -> tuple[np.ndarray, str]:
+    """A hidden-state tensor ``[rows, H]`` (torch, any device; or numpy float16/float32) as little-endian bytes of its
+    own dtype, and the safetensors name of that dtype. NaN/inf rows are refused (the teacher run is broken)."""
+    import torch
+
+    t = x.detach() if hasattr(x, "detach") else torch.from_numpy(np.ascontiguousarray(x))
+    name = str(t.dtype).removeprefix("torch.")
+    if name not in _HIDDEN:
+        raise FidevalError(f"{what}: hidden states are {name}, a hidden store keeps bfloat16, float16 or float32",
+                           hint="compute the teacher in float32 or bfloat16")
+    if t.ndim != 2 or t.shape[1] != width:
+        raise FidevalError(f"{what}: hidden states shape {tuple(t.shape)} is not [rows, {width}]",
+                           hint="the store's hidden_size must match the model's")
+    finite = torch.isfinite(t).all(dim=1)
+    if not bool(finite.all()):
+        bad = torch.nonzero(~finite).flatten().tolist()
+        raise FidevalError(f"{what}: {len(bad)} hidden-state rows hold NaN or inf (first: row {bad[0]})",
+                           hint="the teacher run is broken; check its dtype and inputs")
+    st, npd = _HIDDEN[name]
+    t = t.to("cpu").contiguous()
+    arr = (t.view(torch.int16) if name == "bfloat16" else t).numpy()
+    return np.ascontiguousarray(arr.astype(np.dtype(npd), copy=False)), st
 
 
 def _as_numpy(x: Any, dtype: np.dtype, what: str) -> np.ndarray:
@@ -57,6 +88,7 @@ class StoreWriter:
         self.root = Path(root)
         self.meta = mf.normalize_meta(meta)
         self.vocab_size = int(self.meta["vocab_size"])
+        self.hidden = self.meta["kind"] == "hidden"
         self.rehash = rehash
         self._verified: dict[str, dict[str, Any]] = {}
         self._previous: dict[str, dict[str, Any]] = {}
@@ -107,34 +139,62 @@ class StoreWriter:
         """The manifest entry (``sha256``, ``bytes``, ...) of a shard verified or written by this writer, else None."""
         return self._verified.get(seq_id)
 
+    def set_head(self, weight: Any, info: dict[str, Any]) -> dict[str, Any]:
+        """A hidden store's lm head as the run used it (``weight [V, H]``, bfloat16 or float32) written once into
+        ``head.safetensors`` (fideval.store.head) and named in the meta's ``head`` block, before the first shard. A
+        resumed store keeps its head file when the content is the same; a store whose shards were computed with
+        another head is refused (one store holds one teacher)."""
+        from fideval.store import head as head_file
+
+        if not self.hidden:
+            raise FidevalError(f"{self.root}: a {self.meta['kind']} store keeps no head", hint="this is a bug in the caller")
+        w = head_file.stored_form(weight)
+        old, digest = mf.recorded_head(self.root), head_file.content_sha256(w)
+        if old is not None and old.get("weight_sha256") != digest:
+            raise FidevalError(f"{self.root} holds shards computed with lm head {str(old.get('weight_sha256'))[:12]}…, this "
+                               f"run's head is {digest[:12]}…", hint="write a new store (one store holds one teacher)")
+        block = head_file.write(self.root, w, info)
+        self.meta["head"] = json.dumps(block, sort_keys=True)
+        return block
+
     def write(self, seq_id: str, logits: Any, token_ids: Any, window_id: str, domain: str, *,
               row_start: int = 0, extra_meta: dict[str, str] | None = None) -> dict[str, Any]:
-        """Write one sequence's shard atomically. ``logits`` float32 [rows, V] (numpy or torch, any device).
+        """Write one sequence's shard atomically. ``logits`` float32 [rows, V] (numpy or torch, any device); in a
+        hidden store the final norm's output [L, H] instead (torch bfloat16/float16/float32 or numpy float16/float32).
 
         Row i of ``logits`` predicts token ``row_start + i + 1``; a teacher keeps every row (``row_start`` 0,
         rows == L). Imported stores that lack the first rows set ``row_start``; the last row (predicting past
         the end) may be absent, so rows is ``L - row_start`` or ``L - row_start - 1``.
         """
         check_seq_id(seq_id)
-        lg = _as_numpy(logits, np.dtype(np.float32), "logits")
         tk = _as_numpy(token_ids, np.dtype(np.int32), "token_ids")
-        if lg.ndim != 2 or lg.shape[1] != self.vocab_size:
-            raise FidevalError(f"{seq_id}: logits shape {lg.shape} is not [rows, {self.vocab_size}]",
-                               hint="the store's vocab_size must match the model's output width")
+        if self.hidden:
+            if "head" not in self.meta:
+                raise FidevalError(f"{self.root}: a hidden store's head is written before its first shard",
+                                   hint="this is a bug in the caller (StoreWriter.set_head)")
+            lg, dtype = _hidden_numpy(logits, int(self.meta["hidden_size"]), seq_id)
+        else:
+            lg, dtype = _as_numpy(logits, np.dtype(np.float32), "logits"), "F32"
+            if lg.ndim != 2 or lg.shape[1] != self.vocab_size:
+                raise FidevalError(f"{seq_id}: logits shape {lg.shape} is not [rows, {self.vocab_size}]",
+                                   hint="the store's vocab_size must match the model's output width")
         length = tk.shape[0] if tk.ndim == 1 else -1
         if length < 1 or not 0 <= row_start < length or lg.shape[0] not in (length - row_start, length - row_start - 1):
-            raise FidevalError(f"{seq_id}: {lg.shape[0]} logit rows do not fit {tk.shape} token ids from row {row_start}")
-        step = max(1, (1 << 24) // max(self.vocab_size, 1))  # bounded temporaries, even for 4 GB shards
-        bad = [a + int(r) for a in range(0, lg.shape[0], step) for r in np.flatnonzero(~np.isfinite(lg[a:a + step]).all(axis=1))]
-        if bad:
-            raise FidevalError(f"{seq_id}: {len(bad)} logit rows hold NaN or inf (first: row {bad[0]})",
-                               hint="the teacher run is broken; check its dtype and inputs")
-        meta = {**self.meta, **(extra_meta or {}), "format": FORMAT, "version": VERSION, "seq_id": seq_id,
+            raise FidevalError(f"{seq_id}: {lg.shape[0]} rows do not fit {tk.shape} token ids from row {row_start}")
+        if not self.hidden:
+            step = max(1, (1 << 24) // max(self.vocab_size, 1))  # bounded temporaries, even for 4 GB shards
+            bad = [a + int(r) for a in range(0, lg.shape[0], step)
+                   for r in np.flatnonzero(~np.isfinite(lg[a:a + step]).all(axis=1))]
+            if bad:
+                raise FidevalError(f"{seq_id}: {len(bad)} logit rows hold NaN or inf (first: row {bad[0]})",
+                                   hint="the teacher run is broken; check its dtype and inputs")
+        fmt = HIDDEN_FORMAT if self.hidden else FORMAT
+        meta = {**self.meta, **(extra_meta or {}), "format": fmt, "version": VERSION, "seq_id": seq_id,
                 "window_id": str(window_id), "domain": str(domain), "row_start": str(row_start),
                 # the windows' own hash of these tokens (eval-windows.json): the link from a shard back to its windows
                 "token_sha256": hashlib.sha256(tk.tobytes()).hexdigest()}
         path = self.root / shard_rel(seq_id)
-        sha, nbytes = write_shard(path, lg, tk, meta)
+        sha, nbytes = write_shard(path, lg, tk, meta, tensor="hidden" if self.hidden else "logits", dtype=dtype)
         entry = {"file": shard_rel(seq_id), "sha256": sha, "bytes": nbytes, "rows": int(lg.shape[0]),
                  "tokens": int(length), "row_start": int(row_start), "window_id": str(window_id), "domain": str(domain)}
         st = mf.stat_mtime(path)

@@ -13,6 +13,7 @@ from fideval.errors import FidevalError
 from fideval.formats.ids import sequence_ids
 from fideval.run_config import resolve
 from fideval.score.fused import fusable
+from fideval.model.teacher_pass import store_kind
 
 # The stages read the config file themselves; the workflow takes its names and sizes from the same typed
 # model (defaults included), so the two can never disagree. The file is the last --configfile (else
@@ -39,6 +40,8 @@ HEADLINE = CFG.candidates[0].name if CFG.candidates else "none"
 # teacher.fused: one `fideval fused` job per (length, domain) writes the store, every emulated candidate's records
 # and the self-check (workflow/rules/teacher.smk); real builds keep their own `score` jobs
 FUSED = bool(CFG.teacher.fused)
+# teacher.store (auto: hidden, logits with the reference code): a hidden store's head file is one of its outputs
+STORE = store_kind(CFG.teacher.store, CFG.model.implementation)
 FUSED_PAIRS = [(c.name, p) for c, p in fusable(CFG)] if FUSED else []
 SEPARATE = sorted({c.name for c in CFG.candidates} - {c for c, _ in FUSED_PAIRS})
 SEPARATE_RE = (
@@ -75,10 +78,15 @@ def shard_outputs(kind, domain="{domain}", run="{run}", root="teacher"):
 
     By default returned with {run} and {domain} left as wildcards: a domain's sequence ids are known from the config.
     """
+    head = (
+        [f"results/{run}/{root}/{kind}/{domain}/head.safetensors"]
+        if STORE == "hidden"
+        else []
+    )
     return [
         f"results/{run}/{root}/{kind}/{domain}/shards/{i}.safetensors"
         for i in seq_ids(kind, domain)
-    ]
+    ] + head  # a hidden store's lm head (docs/formats-store.md) is part of it
 
 
 # One job per (rule, length[, candidate, path]) runs every domain, one after another in one process: the verb

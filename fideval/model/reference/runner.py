@@ -65,6 +65,12 @@ def _family(cfg: dict, folder: Path, trust: bool) -> str:
         return contract.family_of(cfg, load_vendor_code(folder, trust=trust).model)
 
 
+# a hidden store replays the head from the store's head block; the vendor's head is its driver's own module (V4.1's
+# ParallelHead after the hyper-connection collapse), not yet exported as one
+NOT_HIDDEN = "a hidden teacher store is not available with the reference code (its head is the vendor's driver's own)"
+NOT_HIDDEN_HINT = "set teacher.store: logits (or --store logits) with model.implementation: reference"
+
+
 class ReferenceRunner(LayerMajor):
     """One model, one device, optionally one rank of N, run by the vendor's code (``options``: a
     :class:`~fideval.model.runner.RunnerOptions`; its ``code``, ``trust_remote_code`` and ``reference`` fields
@@ -81,6 +87,8 @@ class ReferenceRunner(LayerMajor):
             from fideval.model.execution.head import HINT, NOT_WITH_REFERENCE
 
             raise FidevalError(NOT_WITH_REFERENCE, hint=HINT)
+        if getattr(opts, "output", "logits") != "logits":
+            raise FidevalError(NOT_HIDDEN, hint=NOT_HIDDEN_HINT)
         self.device = resolve_device(opts.device)
         self.dtype = opts.dtype
         self.ckpt = open_weights(weights)
