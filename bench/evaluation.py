@@ -54,6 +54,7 @@ SMALL = dict(hidden=256, heads=4, q_lora=64, kv_lora=32, rope=16, nope=32, v=32,
              topk=4, groups=4, topk_groups=2, dense_inter=512, vocab=1024, layers=3, n_layers_real=61, dense_real=3)
 SEED_ROWS = {2048: 1_048_064, 8192: 1_048_448}  # 512 x 2,047 and 128 x 8,191 next-token rows
 BLOCK = 128
+REPLAY_FLOPS = 600e12  # the bf16 head's GEMM rate on an H100 (bench/head.py: 653 TFLOP/s), replaced by the measured one
 
 
 def config(s: dict) -> dict:
@@ -63,7 +64,7 @@ def config(s: dict) -> dict:
             "n_shared_experts": 1, "n_routed_experts": s["experts"], "num_experts_per_tok": s["topk"], "n_group": s["groups"],
             "topk_group": s["topk_groups"], "first_k_dense_replace": 1, "norm_topk_prob": True, "routed_scaling_factor": 2.5,
             "q_lora_rank": s["q_lora"], "kv_lora_rank": s["kv_lora"], "qk_rope_head_dim": s["rope"], "qk_nope_head_dim": s["nope"],
-            "v_head_dim": s["v"], "max_position_embeddings": 16384, "rms_norm_eps": 1e-6, "tie_word_embeddings": False,
+            "v_head_dim": s["v"], "max_position_embeddings": 163840, "rms_norm_eps": 1e-6, "tie_word_embeddings": False,
             "hidden_act": "silu", "torch_dtype": "bfloat16", "rope_theta": 10000.0, "scoring_func": "sigmoid",
             "topk_method": "noaux_tc",
             # DeepSeek-V3's own release: E4M3 weights, one float32 scale per 128x128 block, activations dynamic
@@ -246,53 +247,128 @@ def verb(args: list[str], env: dict) -> tuple[float, str]:
     return wall, res.stdout.strip()
 
 
-def run_verbs(work: Path, ckpt: Path, s: dict, n: int, device: str, fused: bool = True) -> dict:
+def run_verbs(work: Path, ckpt: Path, s: dict, n: int, device: str, fused: bool = True,
+              stores: tuple[str, ...] = ("logits", "hidden")) -> dict:
     """``fideval teacher`` then ``fideval score --config`` on both paths, each in its own process as the
-    workflow runs them; their own profiles read back from what they wrote. Then ``fideval fused`` on the same
-    sequences (the teacher's settings as recorded by the separate pass: the config fixes them), its store and
-    records compared byte for byte with the separate passes'."""
+    workflow runs them; their own profiles read back from what they wrote; once per store kind (``stores``: the
+    logit store, the baseline, and the hidden store, the default), the same records expected from both. Then
+    ``fideval fused`` on the same sequences (the teacher's settings as recorded by the separate pass: the config fixes
+    them) with the last kind, its store and records compared byte for byte with the separate passes'."""
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")]), "PYTHONUNBUFFERED": "1"}
     tokens = write_windows(work / "windows", s["vocab"], n, 2048)
     cfg = work / "rehearsal.yaml"
     write_config(cfg, ckpt, device, work / "unused.jsonl")
-    store = work / "teacher"
-    shutil.rmtree(store, ignore_errors=True)
-    shutil.rmtree(work / "records", ignore_errors=True)
-    out = {"rows": n * 2047, "tokens": n * 2048}
-    out["teacher_s"], _ = verb(["teacher", "--config", str(cfg), "--windows", str(tokens), "--out", str(store),
-                                "--lengths", "cuts", "--device", device], env)
-    man = json.loads((store / "manifest.json").read_text())
-    meta = man.get("meta", {})
-    out["teacher_block"] = json.loads(meta.get("teacher", "{}"))
-    out["teacher_profile"] = json.loads(meta.get("profile", "{}"))
-    out["store_bytes"] = sum(p.stat().st_size for p in store.rglob("*.safetensors"))
-    for path in ("serving", "weights-only"):
-        rec = work / "records" / path
-        out[f"score_{path}_s"], _ = verb(["score", "--teacher", str(store), "--config", str(cfg), "--candidate", "mxfp4-experts",
-                                         "--path", path, "--out", str(rec), "--device", device], env)
-        sj = json.loads((rec / "score.json").read_text())
-        out[f"score_{path}_profile"] = sj.get("profile") or {}
-        out[f"score_{path}_rows"] = sj.get("rows")
+    out = {"rows": n * 2047, "tokens": n * 2048, "kinds": {}}
+    for kind in stores:
+        store, records = work / f"teacher-{kind}", work / f"records-{kind}"
+        shutil.rmtree(store, ignore_errors=True)
+        shutil.rmtree(records, ignore_errors=True)
+        o = out["kinds"][kind] = {}
+        o["teacher_s"], _ = verb(["teacher", "--config", str(cfg), "--windows", str(tokens), "--out", str(store),
+                                  "--lengths", "cuts", "--device", device, "--store", kind], env)
+        meta = json.loads((store / "manifest.json").read_text()).get("meta", {})
+        o["teacher_block"] = json.loads(meta.get("teacher", "{}"))
+        o["teacher_profile"] = json.loads(meta.get("profile", "{}"))
+        o["store_bytes"] = sum(p.stat().st_size for p in store.rglob("*.safetensors"))
+        o["head_bytes"] = (store / "head.safetensors").stat().st_size if (store / "head.safetensors").is_file() else 0
+        for path in ("serving", "weights-only"):
+            rec = records / path
+            o[f"score_{path}_s"], _ = verb(["score", "--teacher", str(store), "--config", str(cfg), "--candidate", "mxfp4-experts",
+                                            "--path", path, "--out", str(rec), "--device", device], env)
+            sj = json.loads((rec / "score.json").read_text())
+            o[f"score_{path}_profile"] = sj.get("profile") or {}
+            o[f"score_{path}_rows"] = sj.get("rows")
+            o[f"score_{path}_kld"] = _records_kld(rec / "records.parquet")
+    if len(stores) == 2:  # the same candidate rows scored against either teacher: how far apart
+        a, b = (work / f"records-{k}" for k in stores)
+        out["records_identical"] = {p: sha256(a / p / "records.parquet") == sha256(b / p / "records.parquet")
+                                    for p in ("serving", "weights-only")}
+        out["kld_max_abs_diff"] = {p: _kld_diff(a / p / "records.parquet", b / p / "records.parquet")
+                                   for p in ("serving", "weights-only")}
+    last = out["kinds"][stores[-1]]
+    out.update({k: last[k] for k in ("teacher_s", "teacher_block", "teacher_profile", "store_bytes", "score_serving_s",
+                                     "score_weights-only_s", "score_serving_profile", "score_weights-only_profile",
+                                     "score_serving_rows", "score_weights-only_rows")})
     if fused:  # the same work in one pass; its store and records must be the separate passes' bytes
-        from fideval.fsio import sha256_file
-
+        store, records = work / f"teacher-{stores[-1]}", work / f"records-{stores[-1]}"
         fstore, frec = work / "fused" / "teacher", work / "fused" / "records"
         shutil.rmtree(work / "fused", ignore_errors=True)
         fcfg = work / "rehearsal-fused.yaml"
         write_config(fcfg, ckpt, device, work / "unused.jsonl",
                      {k: out["teacher_block"].get(k) for k in ("micro_batch", "mlp_tokens", "chunk_bytes", "lm_head")})
-        out["fused_s"], _ = verb(["fused", "--config", str(fcfg), "--windows", str(tokens), "--domain", "web", "--out", str(fstore),
-                                  "--records", str(frec), "--no-self-check", "--device", device], env)
+        try:
+            out["fused_s"], _ = verb(["fused", "--config", str(fcfg), "--windows", str(tokens), "--domain", "web", "--out",
+                                      str(fstore), "--records", str(frec), "--no-self-check", "--device", device], env)
+        except SystemExit as e:  # the separate passes' figures stand without it
+            out["fused_failed"] = str(e)[-400:]
+            return out
         fmeta = json.loads((fstore / "manifest.json").read_text()).get("meta", {})
         out["fused_profile"] = json.loads(fmeta.get("profile", "{}"))
         out["fused_block"] = json.loads(fmeta.get("teacher", "{}"))
-        same = [sha256_file(p) == sha256_file(fstore / "shards" / p.name) for p in sorted((store / "shards").glob("*.safetensors"))]
+        same = [sha256(p) == sha256(fstore / "shards" / p.name) for p in sorted((store / "shards").glob("*.safetensors"))]
         for path in ("serving", "weights-only"):
-            same.append(sha256_file(work / "records" / path / "records.parquet") ==
-                        sha256_file(frec / "mxfp4-experts" / path / "cuts" / "web" / "records.parquet"))
+            same.append(sha256(records / path / "records.parquet") ==
+                        sha256(frec / "mxfp4-experts" / path / "cuts" / "web" / "records.parquet"))
         out["fused_identical"] = f"{sum(same)} of {len(same)} files (shards, records)"
         shutil.rmtree(work / "fused", ignore_errors=True)
     return out
+
+
+def measure_replay(s: dict, device: str, rows: int = 8192) -> dict:
+    """The hidden store's head replay at full width (fideval.store.replay.ReplayHead, bf16 head): FLOP/s over one
+    sequence of ``rows`` rows, after a warm-up; and the same rows' float32 replay."""
+    from fideval.store.replay import ReplayHead
+
+    H, V = s["hidden"], s["vocab"]
+    g = torch.Generator(device="cpu").manual_seed(0)
+    w = (torch.randn((V, H), generator=g) * 0.02).to(torch.bfloat16)
+    x = torch.randn((rows, H), generator=g).to(torch.bfloat16)
+    out = {}
+    for mode in ("bf16", "float32"):
+        block = {"lm_head": mode, "finish": None, "hidden_dtype": "bfloat16"}
+        head = ReplayHead(w, block, device)
+        xd = x.to(device)
+        head(xd)
+        if device == "cuda":
+            torch.cuda.synchronize()
+        t0, n = time.perf_counter(), 5
+        for _ in range(n):
+            y = head(xd)
+        if device == "cuda":
+            torch.cuda.synchronize()
+        dt = (time.perf_counter() - t0) / n
+        out[mode] = {"s": dt, "flops_per_s": 2 * rows * H * V / dt, "finite": bool(torch.isfinite(y).all())}
+        del head, y, xd
+    if device == "cuda":  # the verbs run in other processes: this one must hold no cached GPU memory
+        torch.cuda.empty_cache()
+    return out
+
+
+def sha256(path: Path) -> str:
+    from fideval.fsio import sha256_file
+
+    return sha256_file(path)
+
+
+def _records_kld(path: Path) -> float:
+    import pyarrow.parquet as pq
+
+    return float(np.mean(pq.read_table(path, columns=["kld"]).column("kld").to_numpy()))
+
+
+def _kld_diff(a: Path, b: Path) -> float:
+    import pyarrow.parquet as pq
+
+    x, y = (pq.read_table(p, columns=["kld"]).column("kld").to_numpy() for p in (a, b))
+    return float(np.abs(x - y).max()) if x.shape == y.shape else float("nan")
+
+
+def scoring_rate(profile: dict, rows: int) -> float:
+    """Rows a second through the scoring loop: the teacher's rows read (and, from a hidden store, replayed through the
+    head), scored, checked on the CPU; the candidate's own model run left out."""
+    parts = profile.get("parts") or {}
+    t = sum(parts.get(k, 0.0) for k in ("read_back", "scoring", "cpu_check"))
+    return rows / t if t else float("nan")
 
 
 # -- compute at size ---------------------------------------------------------------------------------------
@@ -414,14 +490,17 @@ def fixed_s(profile: dict) -> float:
     return sum(profile["parts"].get(k, 0.0) for k in ONCE)
 
 
-def extrapolate(compute: dict, verbs: dict | None, disk: dict, s: dict) -> list[tuple[str, str, str]]:
-    """Seed evaluation time on this GPU, from the measured rates (formula printed with the figures)."""
+def extrapolate(compute: dict, verbs: dict | None, disk: dict, s: dict, store: str = "logits") -> list[tuple[str, str, str]]:
+    """Seed evaluation time on this GPU, from the measured rates (formula printed with the figures). ``store``: the
+    teacher store's kind: ``logits`` (rows x vocab x 4 B) or ``hidden`` (rows x hidden x 2 B in bf16, and the head,
+    replayed by each candidate pass at the measured replay rate)."""
     rows = []
     wr, rd = (disk.get("write") or 1.0) * 1e9, (disk.get("read") or 1.0) * 1e9  # bytes/s
     v41 = json.loads((ROOT.parent / "shared" / "reference-code" / "deepseek-v4.1-flash" / "config.json").read_text()) \
         if (ROOT.parent / "shared").is_dir() else None
     from fideval.model.flops import flops_per_token
 
+    store_kind = store
     for model in ("DeepSeek-V3", "DeepSeek-V4.1-Flash"):
         if model == "DeepSeek-V4.1-Flash" and v41 is None:
             continue
@@ -454,9 +533,12 @@ def extrapolate(compute: dict, verbs: dict | None, disk: dict, s: dict) -> list[
                 passes[role] = fixed + T * (layer_s * layer_scale + head_s * f_head / fr["head"])
             if "teacher" not in passes or "candidate" not in passes:
                 continue
-            store = rows_L * vocab * 4
+            H = V3["hidden"] if model == "DeepSeek-V3" else v41["dim"]
+            store = rows_L * vocab * 4 if store_kind == "logits" else rows_L * H * 2 + vocab * H * 2
             weights_s = wbytes / (rd if wbytes > 100e9 else 10e9)  # > 100 GB cannot stay in 128 GB of page cache
-            write_s, read_s = store / wr, store / rd
+            # a hidden store's head replay: the bf16 head GEMM over every row, at the measured rate
+            replay_s = rows_L * f_head / REPLAY_FLOPS if store_kind == "hidden" else 0.0
+            write_s, read_s = store / wr, store / rd + replay_s
             sep = max(passes["teacher"], weights_s, write_s) + 2 * (max(passes["candidate"], weights_s) + read_s)
             fused = max(passes["teacher"] + 2 * passes["candidate"], weights_s, write_s)
             total["separate"] += sep
@@ -467,18 +549,24 @@ def extrapolate(compute: dict, verbs: dict | None, disk: dict, s: dict) -> list[
                          f"store write {write_s:.0f} s, read-back {read_s:.0f} s")
         if not terms:
             continue
-        rows.append((f"extrapolation {model}: separate passes (teacher, then 2 candidate passes reading the store back)",
-                     f"{total['separate'] / 60:.0f} min ({'; '.join(terms)})", "<= 45 min"))
-        rows.append((f"extrapolation {model}: fused from the separate runs' rates (teacher + 2 candidates, no read-back)",
-                     f"{total['fused'] / 60:.0f} min", "<= 45 min"))
+        goal = "<= 20 min" if store_kind == "hidden" else "<= 45 min"
+        rows.append((f"extrapolation {model}, {store_kind} store: separate passes (teacher, then 2 candidate passes reading "
+                     "the store back)", f"{total['separate'] / 60:.0f} min ({'; '.join(terms)})", goal))
+        rows.append((f"extrapolation {model}, {store_kind} store: fused from the separate runs' rates (teacher + 2 "
+                     "candidates, no read-back)", f"{total['fused'] / 60:.0f} min", goal))
         if "fused_measured" in total:
-            rows.append((f"extrapolation {model}: fused from the measured fused pass (fideval fused's lockstep and scoring)",
-                         f"{total['fused_measured'] / 60:.0f} min", "<= 45 min"))
+            rows.append((f"extrapolation {model}, {store_kind} store: fused from the measured fused pass",
+                         f"{total['fused_measured'] / 60:.0f} min", goal))
+        rows.append((f"extrapolation {model}, {store_kind} store: teacher stores of both lengths",
+                     f"{sum(r * (vocab * 4 if store_kind == 'logits' else H * 2) for r in SEED_ROWS.values()) / 1e9:,.1f} GB",
+                     "<= 40 GB" if store_kind == "hidden" else ""))
     rows.append(("extrapolation formula", "per length L: T = rows/(L-1) x L tokens; pass = once-a-run parts (" + ", ".join(ONCE) +
                  ") + T x (layer s/token x F_layers/F_layers,bench + head s/token x F_head/F_head,bench), layer s/token = (wall - "
                  "head - once-a-run parts) / tokens; separate = max(teacher, W/disk_read, S/disk_write) + 2 x (max(candidate, "
-                 "W/disk_read) + S/disk_read); fused = max(teacher + 2 candidate, W/disk_read, S/disk_write); S = rows x vocab x 4 B, "
-                 "W = checkpoint bytes (from page cache at ~10 GB/s when < 100 GB)",
+                 "W/disk_read) + S/disk_read + replay); fused = max(teacher + 2 candidate, W/disk_read, S/disk_write); S = rows x "
+                 "vocab x 4 B (logit store) or rows x hidden x 2 B + the bf16 head (hidden store), replay = rows x head FLOPs / "
+                 "the measured bf16 head rate (hidden store; 0 for logits), W = checkpoint bytes (from page cache at ~10 GB/s "
+                 "when < 100 GB)",
                  f"disk write {wr / 1e9:.2f} GB/s, read {rd / 1e9:.2f} GB/s"))
     return rows
 
@@ -509,6 +597,7 @@ def main() -> None:
                                                  "teacher and candidate at every length)")
     ap.add_argument("--deadline", type=float, default=0.0, help="seconds after which no further compute run starts (0: none)")
     ap.add_argument("--result", default=None, help="also write the results as JSON here")
+    ap.add_argument("--reuse", action="store_true", help="take the compute runs an earlier call left in --dir (not rerun)")
     ap.add_argument("--one", default=None, metavar="ROLE:L", help=argparse.SUPPRESS)  # one compute run (a child process)
     a = ap.parse_args()
     if a.one:  # each compute run in its own process on a GPU, as each verb is: no run inherits another's memory
@@ -546,6 +635,13 @@ def main() -> None:
     result = {"device": torch.cuda.get_device_name() if device == "cuda" else "cpu", "layers": s["layers"]}
     result["disk"] = disk = disk_rates(work, 1 if a.small else 4)
     print("disk", json.dumps(disk), flush=True)
+    global REPLAY_FLOPS
+    result["replay"] = rp = measure_replay(s, device, 1024 if a.small else 8192)
+    REPLAY_FLOPS = rp["bf16"]["flops_per_s"] if device == "cuda" else rp["float32"]["flops_per_s"]
+    rows.append((f"head replay (hidden store), one sequence of {1024 if a.small else 8192:,} rows at full width",
+                 f"bf16 head {rp['bf16']['s'] * 1e3:.1f} ms ({rp['bf16']['flops_per_s'] / 1e12:.0f} TFLOP/s, "
+                 f"{(1024 if a.small else 8192) / rp['bf16']['s']:,.0f} rows/s), float32 head {rp['float32']['s'] * 1e3:.1f} ms "
+                 f"({rp['float32']['flops_per_s'] / 1e12:.0f} TFLOP/s)", "what every read of a hidden store adds"))
     v = None
     if a.part in ("all", "verbs"):
         try:
@@ -554,18 +650,27 @@ def main() -> None:
             print(e, flush=True)
             rows.append(("verbs", f"FAILED: {str(e).strip().splitlines()[-1][:300] if str(e).strip() else type(e).__name__}", ""))
     if v is not None:
-        tp, gbs = v["teacher_profile"], v["store_bytes"] / 1e9
-        rows += [("verbs: fideval teacher", f"{v['teacher_s']:.1f} s in its process ({tp.get('wall_s', 0):.1f} s run), "
-                  f"{v['rows']:,} rows, store {gbs:.1f} GB; settings {v['teacher_block'].get('micro_batch')} / "
-                  f"{v['teacher_block'].get('mlp_tokens')} / {v['teacher_block'].get('chunk_bytes')}", "micro-batch / MoE block / chunk"),
-                 ("verbs: teacher parts", parts_line(tp), "parts sum to the wall; other <= 5 %"),
-                 ("verbs: teacher store writes hidden behind compute", f"{(tp.get('hidden') or {}).get('write', float('nan')):.1%}",
-                  ">= 90 %"),
-                 ("verbs: teacher weights", v["teacher_block"].get("weights", "?"), "as released")]
-        for path in ("serving", "weights-only"):
-            sp = v[f"score_{path}_profile"]
-            rows += [(f"verbs: fideval score --config, {path}", f"{v[f'score_{path}_s']:.1f} s, {v[f'score_{path}_rows']:,} rows; "
-                      + parts_line(sp), "")]
+        for kind, o in v["kinds"].items():
+            tp, gbs = o["teacher_profile"], o["store_bytes"] / 1e9
+            rows += [(f"verbs ({kind} store): fideval teacher", f"{o['teacher_s']:.1f} s in its process ({tp.get('wall_s', 0):.1f} s "
+                      f"run), {v['rows']:,} rows, store {gbs:.2f} GB ({o['head_bytes'] / 1e9:.2f} GB of it the head); settings "
+                      f"{o['teacher_block'].get('micro_batch')} / {o['teacher_block'].get('mlp_tokens')} / "
+                      f"{o['teacher_block'].get('chunk_bytes')}", "micro-batch / MoE block / chunk"),
+                     (f"verbs ({kind} store): teacher parts", parts_line(tp), "parts sum to the wall; other <= 5 %"),
+                     (f"verbs ({kind} store): teacher store writes hidden behind compute",
+                      f"{(tp.get('hidden') or {}).get('write', float('nan')):.1%}", ">= 90 %")]
+            for path in ("serving", "weights-only"):
+                sp, n_rows = o[f"score_{path}_profile"], o[f"score_{path}_rows"]
+                rows += [(f"verbs ({kind} store): fideval score --config, {path}",
+                          f"{o[f'score_{path}_s']:.1f} s, {n_rows:,} rows, mean KLD {o[f'score_{path}_kld']:.6g}; scoring loop "
+                          f"{scoring_rate(sp, n_rows):,.0f} rows/s (read back{' + head replay' if kind == 'hidden' else ''}, "
+                          f"scoring, CPU check); " + parts_line(sp), "")]
+        if "records_identical" in v:
+            rows += [("verbs: candidate records against the hidden store vs the logit store",
+                      ", ".join(f"{p}: {'byte-identical' if v['records_identical'][p] else 'differ'} (max |delta KLD| "
+                                f"{v['kld_max_abs_diff'][p]:.3g})" for p in ("serving", "weights-only")),
+                      "equal to the digits the report prints")]
+        rows += [("verbs: teacher weights", v["teacher_block"].get("weights", "?"), "as released")]
     if v is not None and "fused_s" in v:
         fp, sep = v["fused_profile"], v["teacher_s"] + v["score_serving_s"] + v["score_weights-only_s"]
         rows += [("verbs: fideval fused (teacher + both paths, one pass)",
@@ -574,6 +679,10 @@ def main() -> None:
                  ("verbs: fused parts", parts_line(fp) + f"; store writes hidden {(fp.get('hidden') or {}).get('write', float('nan')):.1%}",
                   "parts sum to the wall")]
     compute = {}
+    if a.reuse:  # compute runs of an earlier call on this machine (each child wrote its own JSON)
+        for f in sorted(work.glob("compute-*-*.json")):
+            role, L = f.stem.split("-")[1:3]
+            compute[f"{role}-{L}"] = json.loads(f.read_text())
     if a.part in ("all", "compute"):
         for L in [int(x) for x in a.lengths.split(",") if x]:
             for role in ("teacher", "candidate", "fused"):
@@ -607,7 +716,14 @@ def main() -> None:
                           f"peak GPU {c['peak_gpu_gb']:.0f} GB (reserved {c.get('peak_reserved_gb', 0):.0f} GB, allocator retries "
                           f"{c.get('alloc_retries', 0)}); canary {c['canary']}", "other <= 5 %")]
         result["compute"] = compute
-        rows += extrapolate(compute, result.get("verbs"), disk, s)
+        (work / "result.json").write_text(json.dumps(result, default=str, indent=1))  # kept should the table fail
+        if a.result:
+            Path(a.result).write_text(json.dumps(result, default=str, indent=1))
+        for kind in ("logits", "hidden"):
+            try:
+                rows += extrapolate(compute, result.get("verbs"), disk, s, kind)
+            except Exception as e:  # noqa: BLE001 -- the measured figures above stand without it
+                rows.append((f"extrapolation, {kind} store", f"FAILED: {type(e).__name__}: {e}", ""))
     text = json.dumps(result, default=str, indent=1)
     (work / "result.json").write_text(text)
     if a.result:

@@ -74,9 +74,9 @@ def test_an_error_in_the_writer_thread_is_one_line_and_leaves_no_partial_shard(t
     ids = list(data)
     real = writer_mod.write_shard
 
-    def failing(path, logits, tokens, meta):
+    def failing(path, logits, tokens, meta, **kw):
         if meta["seq_id"] != ids[1]:
-            return real(path, logits, tokens, meta)
+            return real(path, logits, tokens, meta, **kw)
         if failure == "bug":
             raise RuntimeError("boom\nsecond line")
         with atomic_open(path, "wb") as f:  # half a shard, then the disk is full

@@ -260,3 +260,47 @@ def test_every_store_has_a_dataset_card(pair):
         tokens = r.token_ids(sid)
         assert f"| {sid} | {sid} | 600 | `{hashlib.sha256(tokens.astype('<i4').tobytes()).hexdigest()}` |" in text
     assert yaml.safe_load((tmp / "logits" / "README.md").read_text().split("---\n")[1])["x_fideval"]["kind"] == "logits"
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+def test_on_a_gpu_the_states_keep_their_dtype_and_score_as_the_logit_store(tmp_path):
+    """A bfloat16 run's states leave the GPU as bfloat16 (the background writer's page-locked copy keeps the dtype),
+    and a candidate scored on the GPU against the replayed teacher gives the logit store's figures."""
+    import pyarrow.parquet as pq
+
+    from fideval.store.shard import read_header
+
+    model, other = mf.build("qwen3_moe", tmp_path / "m"), mf.build("qwen3_moe", tmp_path / "o", seed=1)
+    _windows(tmp_path / "w", length=600)
+    kw = dict(device="cuda", dtype="bfloat16", kinds=("windows",))
+    for out, m, kind in (("h", model, "hidden"), ("l", model, "logits"), ("c", other, "logits")):
+        run_teacher(m, tmp_path / "w", tmp_path / out, store=kind, **kw)
+    h = StoreReader(tmp_path / "h")
+    assert read_header(h.path("code-000")).dtype == "BF16" and json.loads(h.meta["head"])["hidden_dtype"] == "bfloat16"
+    assert h.entry("code-000")["bytes"] < 600 * mf.COMMON["hidden_size"] * 2 + 8192
+    for t in ("h", "l"):
+        res = run_fideval("score", "--teacher", tmp_path / t, "--candidate", tmp_path / "c", "--out", tmp_path / f"r{t}",
+                          "--device", "cuda", "--self-check")
+        assert res.code == 0, res.stderr
+    a, b = (pq.read_table(tmp_path / f"r{t}" / "records.parquet").column("kld").to_numpy() for t in ("h", "l"))
+    assert np.allclose(a, b, rtol=1e-5, atol=1e-9), float(np.abs(a - b).max())
+
+
+def test_the_stores_of_a_run_share_one_head_file(pair, tmp_path):
+    """The workflow's stores sit side by side (teacher/<length>/<domain>/): a store whose sibling already holds the same
+    head hard-links that file; another head is written, not linked."""
+    import os
+
+    tmp = pair["tmp"]
+    kw = dict(device="cpu", kinds=("windows",), model_id="tiny/q", model_revision="r1")
+    run = tmp_path / "teacher" / "windows-600"
+    for d in ("a", "b"):
+        run_teacher(pair["model"], tmp / "w", run / d, store="hidden", **kw)
+    run_teacher(pair["other"], tmp / "w", run / "c", store="hidden", **kw)
+    heads = [os.stat(run / d / "head.safetensors") for d in "abc"]
+    assert heads[0].st_ino == heads[1].st_ino and heads[0].st_nlink == 2
+    assert heads[2].st_ino != heads[0].st_ino and heads[2].st_nlink == 1
+    for d in "abc":
+        assert run_fideval("verify", run / d).code == 0
+    (run / "a" / "head.safetensors").unlink()  # one store's link gone: the other's head is whole
+    assert run_fideval("verify", run / "b").code == 0

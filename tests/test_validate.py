@@ -78,7 +78,9 @@ def refused(cfg: Path, key: str, *needles: str) -> str:
 def test_demo_config_still_passes_and_prints_the_store_size(tmp_path):
     r = run_fideval("validate", ROOT / "configs" / "demo.yaml", cwd=tmp_path)
     assert r.code == 0, r.stderr
-    assert "teacher stores: 2 x 73,728 rows x 4,096 x 4 B = 2.42 GB" in r.stdout  # 6 domains x 6 x 2048 tokens
+    # 6 domains x 6 x 2048 tokens, hidden (the default store, issue 41): float32 states, the head once (hard-linked)
+    assert ("teacher stores (hidden): 2 x 73,728 rows x 128 x 4 B + the head 4,096 x 128 x 4 B (lm_head.weight is F32), "
+            "one file hard-linked into every store = 77.6 MB; as logits 2.42 GB") in r.stdout
     assert r.stdout.rstrip().endswith("ok (run 'demo', 6 domains, 1 candidates)")
 
 
@@ -254,14 +256,15 @@ def _free(monkeypatch, free: int) -> None:
 def test_teacher_stores_larger_than_the_free_space(models, tmp_path, monkeypatch):
     # 1 domain x 2 windows x 256 tokens = 512 rows x vocab 4,096 x 4 B = 8,388,608 B per length, two lengths
     _free(monkeypatch, 12_000_000)
-    line = refused(config(tmp_path, models.llama), "teacher.lengths", "the teacher stores need 16.8 MB more",
+    logits = {"store": "logits"}  # V x 4 B a row (the hidden default's sizes: tests/test_validate_store_kind.py)
+    line = refused(config(tmp_path, models.llama, teacher=logits), "teacher.lengths", "the teacher stores need 16.8 MB more",
                    f"and {tmp_path} has 12 MB free")
     assert "windows_per_domain" in line
     # a resumed run needs only what is not written yet; nearest existing parent of results/v/ is measured
     shard = tmp_path / "results" / "v" / "teacher" / "windows" / "code" / "shards" / "x.safetensors"
     shard.parent.mkdir(parents=True)
     shard.write_bytes(bytes(8_388_608))
-    r = validate(config(tmp_path, models.llama))
+    r = validate(config(tmp_path, models.llama, teacher=logits))
     assert r.code == 0 and "teacher stores: 2 x 512 rows x 4,096 x 4 B = 16.8 MB" in r.stdout, r.stderr
 
 
@@ -326,6 +329,8 @@ def _in_cache(monkeypatch, cache: Path) -> None:
 
 
 DEEPSEEK_STORES = "teacher stores: 2 x 1,048,576 rows x 129,280 x 4 B = 1.08 TB"  # 8 domains x 16 windows x 8,192
+DEEPSEEK_HIDDEN = ("teacher stores (hidden): 2 x 1,048,576 rows x 7,168 x 2 B + the head 129,280 x 7,168 x 2 B "
+                   "(config.json dtype bfloat16), one file hard-linked into every store = 31.9 GB; as logits 1.08 TB")  # the default store (issue 41)
 
 
 def test_deepseek_v3_config_validates_with_its_model_in_the_hub_cache(tmp_path, monkeypatch):
@@ -333,7 +338,7 @@ def test_deepseek_v3_config_validates_with_its_model_in_the_hub_cache(tmp_path, 
     _free(monkeypatch, 10**13)
     r = run_fideval("validate", ROOT / "configs" / "deepseek-v3-mxfp4.yaml", cwd=tmp_path)
     assert r.code == 0, r.stderr
-    assert DEEPSEEK_STORES in r.stdout
+    assert DEEPSEEK_HIDDEN in r.stdout
 
 
 def test_deepseek_v3_bf16_config_validates_in_seconds(tmp_path, monkeypatch):
@@ -345,8 +350,8 @@ def test_deepseek_v3_bf16_config_validates_in_seconds(tmp_path, monkeypatch):
     r = run_fideval("validate", ROOT / "configs" / "deepseek-v3-mxfp4.yaml", cwd=tmp_path)
     assert r.code == 0, r.stderr
     assert time.perf_counter() - t0 < 60
-    assert DEEPSEEK_STORES in r.stdout and "note:" not in r.stderr
-    _free(monkeypatch, 10**11)
+    assert DEEPSEEK_HIDDEN in r.stdout and "note:" not in r.stderr
+    _free(monkeypatch, 10**10)
     data = yaml.safe_load((ROOT / "configs" / "deepseek-v3-mxfp4.yaml").read_text())
     data["teacher"]["model_parallel"] = 3
     data["candidates"][0]["quant"] = {"shared_experts": {"format": "mxfp4"}, "lm_head": {"format": "nvfp4", "group": 32}}
@@ -354,7 +359,7 @@ def test_deepseek_v3_bf16_config_validates_in_seconds(tmp_path, monkeypatch):
     r = run_fideval("validate", tmp_path / "x.yaml", cwd=tmp_path)
     listed = [ln.split("'")[1] for ln in r.stderr.splitlines() if ln.startswith(f"{tmp_path / 'x.yaml'}: '")]
     assert listed == ["teacher.model_parallel", "candidates.mxfp4-experts.quant.lm_head.group", "teacher.lengths"], r.stderr
-    assert "does not divide the 256 routed experts" in r.stderr and "need 1.08 TB more" in r.stderr
+    assert "does not divide the 256 routed experts" in r.stderr and "need 31.9 GB more" in r.stderr
 
 
 
@@ -365,7 +370,7 @@ def test_hub_model_found_through_HF_HUB_CACHE_or_noted_when_absent(models, tmp_p
     cache = hub_cache(tmp_path / "hub", "test/tiny", files)
     env = {"HF_HUB_CACHE": str(cache), "HF_HUB_OFFLINE": "1"}
     ok = validate(config(tmp_path, "hf://test/tiny"), env=env, fresh_process=True)
-    assert ok.code == 0 and "teacher stores: 2 x 512 rows x 4,096 x 4 B" in ok.stdout, ok.stderr
+    assert ok.code == 0 and "teacher stores (hidden): 2 x 512 rows x" in ok.stdout, ok.stderr
     cand = [{"name": "c", "quant": {"routed_experts": {"format": "mxfp4"}}}]
     bad = validate(config(tmp_path, "hf://test/tiny", candidates=cand), env=env, fresh_process=True)
     assert "'candidates.c.quant.routed_experts': quant spec names module class(es) routed_experts" in bad.error()

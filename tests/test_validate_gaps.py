@@ -169,15 +169,16 @@ def test_noise_floor_stores_are_counted(models, tmp_path, monkeypatch):
 
     each = 2 * 8 * 256 * models.vocab * 4  # two lengths x 2,048 rows x vocab x float32
     _free(monkeypatch, each * 3 // 2)  # room for the teacher's stores, not for the noise floor's as well
-    r = passes(config(tmp_path, models.good))
+    logits = {"store": "logits"}  # the hidden default's sizes: tests/test_validate_store_kind.py
+    r = passes(config(tmp_path, models.good, teacher=logits))
     assert f"teacher stores: 2 x 2,048 rows x {models.vocab:,} x 4 B = {human(each)}" in r.stdout
     noise = {"noise_floor": {"micro_batch": 2}}
-    cfg = config(tmp_path, models.good, report=noise)
+    cfg = config(tmp_path, models.good, report=noise, teacher=logits)
     r = validate(cfg)
     assert r.error() == (
         f"fideval: error: {cfg}: 'teacher.lengths': the teacher and noise-floor stores need {human(2 * each)} more, and "
         f"{tmp_path} has {human(each * 3 // 2)} free (free space there, or lower windows.windows_per_domain or "
-        "windows.window_tokens, or keep one length, or drop report.noise_floor)")
+        "windows.window_tokens, or keep one length, or set teacher.store: hidden, or drop report.noise_floor)")
     assert (f"noise-floor stores (report.noise_floor): the same {human(each)} again; all logit stores {human(2 * each)}"
             in r.stdout)
     # a resumed run: what the noise floor's teacher already wrote counts as written

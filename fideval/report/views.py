@@ -4,8 +4,9 @@
                  headline) and per window (macro: each window's own mean weighs the same, so a long window
                  does not count more and a few hard windows count as few);
   depth          mean KLD and the share of top-1 flips by context depth, in buckets of the row's position
-                 that are the same at every length ([0, 64), [64, 256), [256, 1024), [1024, 4096), then
-                 [4096, end)), so short and long contexts compare bucket by bucket;
+                 that are the same at every length: edges 0, 64, then x4 (256, 1024, 4096, 16384, 65536...)
+                 up to the last row (length - 1), so short and long contexts compare bucket by bucket and a
+                 32,768-token window ends in [4096, 16384), [16384, 32767) (issue 41);
   top1_flips     the share of rows whose top-1 token differs from the reference's, overall and among rows
                  where the reference was confident (its top-1 probability >= 0.9);
   worst_windows  the 20 windows of highest mean KLD, with their domain, rows, mean KLD, top-1, largest row
@@ -26,14 +27,20 @@ from fideval.report.inputs import RecordSet
 from fideval.stats.clusters import cluster_sums
 from fideval.stats.intervals import mean_intervals
 
-DEPTH_EDGES = (0, 64, 256, 1024, 4096)
+DEPTH_FIRST, DEPTH_STEP = 64, 4  # edges 0, 64, 256, 1024, 4096, 16384, ... below the last row
 CONFIDENT_P1 = 0.9
 WORST = 20
 
 
 def depth_edges(length: int) -> list[int]:
+    """Bucket edges over row positions 0..length-2 (module docstring): 0, 64, x4 while below ``length - 1``, then
+    ``length - 1``; at 8,192 tokens [0, 64) ... [4096, 8191) as before, at 32,768 two more buckets past 4,096."""
     end = length - 1
-    return [e for e in DEPTH_EDGES if e < end] + [end]
+    edges, e = [0], DEPTH_FIRST
+    while e < end:
+        edges.append(e)
+        e *= DEPTH_STEP
+    return edges + [end]
 
 
 def views(

@@ -59,7 +59,9 @@ class BackgroundWriter:
 
     # -- the caller's side -------------------------------------------------------------------------------
     def write(self, seq_id: str, logits: Any, token_ids: Any, window_id: str, domain: str) -> None:
-        """Queue one shard (``logits`` float32 [rows, V], numpy or torch on any device)."""
+        """Queue one shard (``logits`` float32 [rows, V], or a hidden store's states in their own dtype; numpy or torch on
+        any device). A CUDA tensor is copied into a page-locked buffer in its own dtype (a bfloat16 state stays 2 bytes
+        a value: the writer keeps what the run computed)."""
         self._raise()
         tl = self.timeline
         t0 = time.perf_counter()
@@ -74,8 +76,9 @@ class BackgroundWriter:
             import torch
 
             with tl.part("d2h"):
-                buf = self._buffer(logits.numel() * 4)
-                host = buf[: logits.numel() * 4].view(torch.float32).view(logits.shape)
+                nbytes = logits.numel() * logits.element_size()
+                buf = self._buffer(nbytes)
+                host = buf[:nbytes].view(logits.dtype).view(logits.shape)
                 host.copy_(logits, non_blocking=True)
                 event = torch.cuda.Event()
                 event.record(torch.cuda.current_stream(logits.device))

@@ -96,10 +96,38 @@ def write(root: Path, weight: torch.Tensor, info: dict[str, Any]) -> dict[str, A
             same = content_sha256(_read_tensor(path)) == block["weight_sha256"]
         except FidevalError:
             same = False
-    if not same:
+    if not same and not _link_sibling(path, block["weight_sha256"]):
         _write_file(path, w)
     block["sha256"], block["bytes"] = sha256_file(path), path.stat().st_size
     return block
+
+
+def _link_sibling(path: Path, digest: str) -> bool:
+    """Where another store of the same run (a sibling folder: the workflow's ``teacher/<length>/<domain>/``) already
+    holds this head, hard-link its file instead of writing a copy: the run's stores share one head's bytes on disk
+    (16 stores of DeepSeek-V3 would otherwise hold 16 x 1.85 GB) and each store stays whole on its own (deleting one
+    link leaves the others). Only a file whose content digest is this head's is linked; False: none (or no hard links
+    on this filesystem), write the file."""
+    import os
+
+    root = path.parent
+    seen = set()
+    for cand in [*root.parent.glob(f"*/{FILE}"), *root.parent.parent.glob(f"*/*/{FILE}")]:
+        if cand.parent == root or cand in seen or not cand.is_file():
+            continue
+        seen.add(cand)
+        try:
+            if content_sha256(_read_tensor(cand)) != digest:
+                continue
+            tmp = path.parent / f".{path.name}.{os.getpid()}.link.tmp"
+            tmp.unlink(missing_ok=True)
+            path.parent.mkdir(parents=True, exist_ok=True)
+            os.link(cand, tmp)
+            os.replace(tmp, path)
+            return True
+        except (OSError, FidevalError):
+            continue
+    return False
 
 
 def _write_file(path: Path, w: torch.Tensor) -> None:

@@ -15,8 +15,10 @@ fail runs, so validate and the run cannot disagree:
                      size against the model's vocabulary;
 * :mod:`.candidates` each candidate's quant spec (the candidate stage's builder) against the model's
                      classes and tensor shapes, or its real build (the classes that decode it);
-* :mod:`.sizes`      the logit stores' bytes (the teacher's, the noise floor's) against the free space of the
-                     results folder;
+* :mod:`.attention`  one sequence of each length against the teacher's GPU, by the runner's own sizing
+                     (:func:`fideval.model.sizing.choose`): a window too long for the device is refused;
+* :mod:`.sizes`      the teacher stores' bytes by ``teacher.store`` kind (the teacher's, the noise floor's) against
+                     the free space of the results folder;
 * :mod:`.design`     a note (not a problem) when too few windows make the intervals wide or unbounded.
 
 Each problem names the config key at fault; the command prints one line per problem.
@@ -37,20 +39,21 @@ __all__ = ["Findings", "Problem", "check_config"]
 def check_config(cfg: Config) -> Findings:
     """Every check past the schema, in the order the stages would meet the problems."""
     from fideval.config import check_files
-    from fideval.validate import candidates, design, model, reference, sizes, tokenizer
+    from fideval.validate import attention, candidates, design, model, reference, sizes, tokenizer
 
     found = Findings()
     for line in check_files(cfg):  # "'key': ..." lines; kept verbatim
         found.problems.append(Problem(None, line, "fix the path or create the file"))
     probe = model.probe(cfg, found)
     model.check_shards(cfg, probe, found)
-    reference.check(cfg, probe.folder, found)
+    driver = reference.check(cfg, probe.folder, found)
     model.check_positions(cfg, probe, found)
     model.check_parallel(cfg, probe, found)
     model.check_head(cfg, found)
     model.check_fused(cfg, found)
     tokenizer.check(cfg, found, probe)
     candidates.check(cfg, probe, found)
+    attention.check(cfg, probe, found, driver)
     sizes.check(cfg, probe, found)
     design.check(cfg, found)
     return found

@@ -20,13 +20,14 @@ if TYPE_CHECKING:
 
 
 
-def check(cfg: Config, folder, found: Findings) -> None:
-    """Problems of a reference-backend config with its model in ``folder`` (None: not local yet, a note)."""
+def check(cfg: Config, folder, found: Findings):
+    """Problems of a reference-backend config with its model in ``folder`` (None: not local yet, a note). Returns the
+    driver at ``teacher.model_parallel`` when the code accepts the config (what attention sizing asks), else None."""
     if getattr(cfg.model, "implementation", "transformers") != "reference":
-        return
+        return None
     if folder is None:
         found.notes.append("the reference code is checked once the model folder is local")
-        return
+        return None
     from fideval.model.reference.code import resolve_code_dir
     from fideval.model.reference.runner import check as check_code
 
@@ -34,19 +35,21 @@ def check(cfg: Config, folder, found: Findings) -> None:
         code = resolve_code_dir(folder, cfg.model.code)
     except FidevalError as e:
         found.add("model.code", e)
-        return
+        return None
     from fideval.model.device import resolve_dtype
 
     dtype = resolve_dtype(cfg.teacher.dtype)
     try:
-        check_code(folder, code=cfg.model.code, trust=cfg.model.trust_remote_code, dtype=dtype)
+        driver = check_code(folder, code=cfg.model.code, trust=cfg.model.trust_remote_code, dtype=dtype)
     except FidevalError as e:
         key = "model.code" if str(code) in e.message else "teacher.dtype" if f"not {dtype}" in e.message else "model.path"
         found.add(key, e)
-        return
+        return None
     n = cfg.teacher.model_parallel
     if n > 1:
         try:
-            check_code(folder, code=cfg.model.code, trust=cfg.model.trust_remote_code, world=n, dtype=dtype)
+            driver = check_code(folder, code=cfg.model.code, trust=cfg.model.trust_remote_code, world=n, dtype=dtype)
         except FidevalError as e:
             found.add("teacher.model_parallel", e)
+            return None
+    return driver
