@@ -28,7 +28,8 @@ from pathlib import Path
 
 import pytest
 
-pytestmark = pytest.mark.slow
+# one worker runs the whole module under pytest -n (--dist loadgroup): its module fixture is one workflow run
+pytestmark = [pytest.mark.slow, pytest.mark.xdist_group("workflow_e2e")]
 
 ROOT = Path(__file__).resolve().parent.parent
 RUN = "e2e"
