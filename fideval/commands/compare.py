@@ -33,7 +33,11 @@ def compare(
     records: Annotated[list[Path], typer.Option(
         "--records", help="instead of reports: records folders (or their records.parquet), repeatable")] = [],
     windows: Annotated[Path | None, typer.Option(
-        "--windows", help="with --records: eval-windows.json (token SHA-256 per window), or its folder")] = None,
+        "--windows", help="eval-windows.json (or its folder): with --records, the windows' token SHA-256; with "
+        "--unit document, the windows' documents")] = None,
+    unit: Annotated[str, typer.Option(
+        "--unit", help="what to resample: window, or document (windows that share a document drawn together; "
+        "needs --windows)")] = "window",
     path: Path_ = None,
     length: Length = None,
     size: Annotated[list[str], typer.Option(
@@ -43,17 +47,29 @@ def compare(
     confidence: Annotated[float | None, typer.Option(
         "--confidence", min=0.5, max=0.999, help="family-wise level (default: the first report's)")] = None,
     plots: Annotated[bool, typer.Option("--plots/--no-plots", help="write comparison.png")] = True,
+    html: Annotated[Path | None, typer.Option(
+        "--html", help="also write the builds' table, frontier and groups as an HTML results page")] = None,
 ) -> None:
     """Compare many builds on the same windows and teacher: sizes, mean KLD, simultaneous pairwise intervals (max-t
     over the shared window resamples), the size/KLD frontier, the groups the data cannot separate -> comparison.json."""
     from fideval.report.compare import lines, run
 
+    if html is not None:
+        from fideval.report.card import refuse_overwrite
+
+        refuse_overwrite(html, page=True)
     obj = run(reports or [], out, path=path, length=length, sizes=_sizes(size), resamples=resamples, seed=seed,
               confidence=confidence, plots=plots, records=[options.folder_of(r, "records.parquet") for r in records],
-              windows=options.folder_of(windows, "eval-windows.json") if windows is not None else None)
+              windows=options.folder_of(windows, "eval-windows.json") if windows is not None else None, unit=unit)
     typer.echo(f"{out / 'comparison.json'}: " + lines(obj)[0])
     for line in lines(obj)[1:]:
         typer.echo(line)
+    if html is not None:
+        from fideval.fsio import write_text
+        from fideval.report.card_family import results_page
+
+        write_text(html, results_page(obj, out, html))
+        typer.echo(f"{html}: results page written")
 
 
 def plan(
@@ -68,6 +84,9 @@ def plan(
     power: Annotated[float, typer.Option("--power", help="power of the minimum detectable difference")] = 0.8,
     path: Path_ = None,
     length: Length = None,
+    documents: Annotated[Path | None, typer.Option(
+        "--documents", help="eval-windows.json (or its folder) of the report: plan in documents, windows sharing "
+        "one counted as one unit (every count is then of documents)")] = None,
     as_json: options.AsJson = False,
 ) -> None:
     """Windows needed for a target half-width, and minimum detectable differences, per domain and overall, from a
@@ -78,7 +97,7 @@ def plan(
     from fideval.report.plan import plan as make
 
     pl = make(report, figure=figure, half=half_width, detect=detect, windows=windows, path=path, length=length,
-              power=power)
+              power=power, documents=options.folder_of(documents, "eval-windows.json") if documents else None)
     if as_json:
         typer.echo(json.dumps(pl, indent=2, sort_keys=True))
         return

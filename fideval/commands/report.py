@@ -63,6 +63,8 @@ def card(
         "--html", help="also write the card's tables as an HTML page (snakemake --report's results page)")] = None,
     force: Annotated[bool, typer.Option(
         "--force", help="replace --out (and --html) even when it is not a card fideval wrote (e.g. a project's README)")] = False,
+    comparison: Annotated[Path | None, typer.Option(
+        "--comparison", help="comparison.json (fideval compare) of this build among others: adds that section")] = None,
 ) -> None:
     """Write the model card: model-index YAML + x_fidelity provenance + fidelity tables and plots.
 
@@ -81,7 +83,7 @@ def card(
     if template is None and rep["settings"].get("card_template"):
         template = resolve_path(rep["settings"]["card_template"])
     text = render(rep, report_path=path, out_path=out, candidate=candidate, template=template, registry=registry,
-                  lane=lane)
+                  lane=lane, comparison=comparison)
     write_text(out, text)
     typer.echo(f"{out}: model card written")
     if html is not None:

@@ -1,4 +1,7 @@
-"""``comparison.json`` (format ``fideval.comparison`` v1): many builds on the same windows, compared at once.
+"""``comparison.json`` (format ``fideval.comparison`` v2, v1 still read): many builds on the same windows, compared at
+once. v2 added the resampling unit (``settings.unit``, ``settings.units``: windows, or documents where windows share
+them) and the simultaneous top-1 differences (``pairs[].top1_difference``, ``families.top1_difference``); a v1 file
+reads as unit ``window`` without them.
 
 Written by ``fideval compare`` (``fideval.report.compare``): each build's size and figures, every pairwise
 ratio and difference of mean KLD with simultaneous (family-wise) intervals, the size/KLD frontier with the
@@ -59,6 +62,10 @@ class Pair(Model):
     ratio: Interval = key("mean KLD of a / mean KLD of b, simultaneous interval")
     difference: Interval = key("mean KLD of a - mean KLD of b, simultaneous interval")
     separated: bool = key("the simultaneous ratio interval excludes 1")
+    top1_difference: Interval | None = key("top-1 agreement of a - of b, simultaneous interval over every pair's "
+                                           "top-1 difference (its own family; null: top-1 not recorded)",
+                                           default=None, since=2)
+    top1_separated: bool | None = key("the simultaneous top-1 difference interval excludes 0", default=None, since=2)
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -85,6 +92,11 @@ class Settings(Model):
     resamples: int = key("B, window resamples shared by every build")
     seed: int = key("seed of the one resample matrix")
     clusters: int = key("G, windows")
+    unit: str | None = key("what was resampled: `window`, or `document` (windows sharing a document drawn "
+                           "together); absent in a v1 file: `window`", default=None, since=2)
+    units: int | None = key("how many units were resampled: G windows, or the documents (connected groups of "
+                            "windows sharing one) they came from; the intervals' degrees of freedom count these",
+                            default=None, since=2)
     domains: list[str] = key("domains (strata of the resampling)")
     windows_verified: bool = key("every report recorded the same token SHA-256 for every window (false: "
                                  "windows matched by id and domain only, their tokens not recorded)")
@@ -94,24 +106,28 @@ class Settings(Model):
 @dataclass(frozen=True, kw_only=True)
 class Comparison(Model):
     FORMAT = "fideval.comparison"
-    VERSION = 1
+    VERSION = 2  # v2: settings.unit/units, pairs[].top1_difference/top1_separated, families.top1_difference
+    READABLE = (1, 2)
     KIND = "comparison format"
     HINT = _HINT
 
     format: str = key("`fideval.comparison`", default=FORMAT)
-    version: int = key("`1`", default=VERSION)
+    version: int = key("`2` (`1` is still read)", default=VERSION)
     settings: Settings = key("what was compared and how")
     reports: list[dict[str, Any]] = key("each input report: `file`, `sha256`")
     teacher: list[dict[str, Any]] = key("the teacher stores every build was scored against (the reports' "
                                         "`provenance.teacher_stores` at this length)")
     builds: list[Build] = key("one per build, sorted by size then name")
     pairs: list[Pair] = key("every pair of builds (a before b in `builds` order)")
-    families: dict[str, Family] = key("`ratio`, `difference`, `mean`: each family's max-t quantile")
+    families: dict[str, Family] = key("`ratio`, `difference`, `mean`, `top1_difference` (v2, where top-1 was "
+                                      "recorded): each family's max-t quantile")
     frontier: list[str] = key("the builds on the frontier, by size")
     groups: list[list[str]] = key("maximal runs of builds (by mean KLD) no two of which are separated")
     plot: str | None = key("the PNG beside comparison.json, or null")
 
     def problem(self) -> str | None:
+        if self.settings.unit not in (None, "window", "document"):
+            return f"settings.unit {self.settings.unit!r} is not window or document"
         names = [b.name for b in self.builds]
         if len(set(names)) != len(names):
             return "builds: a name is given twice"

@@ -21,6 +21,11 @@ MDD is the true difference a two-sided test at level alpha on the paired interva
 ``power``. Per domain the same with that domain's windows alone (H = 1). These are planning figures from one
 pilot: its own variance estimate is uncertain (with G_0 windows, roughly +- 1/sqrt(2 G_0) relative), so a
 pilot of >= 30 windows a domain is advisable.
+
+Where windows share documents, windows are not the independent unit and their variance understates the figure's:
+``--documents eval-windows.json`` plans in documents instead (windows sharing a document summed into one unit,
+``compare_units``), every count (G_0, G, the needed and the ``--windows`` one) then a count of documents like the
+pilot's (as many windows each).
 """
 
 from __future__ import annotations
@@ -175,9 +180,11 @@ def plan(
     length: int | None = None,
     power: float = 0.8,
     confidence: float | None = None,
+    documents: Path | None = None,
 ) -> dict[str, Any]:
-    """The plan of ``report``'s builds at one path and length (their records read back as ``compare`` does)."""
-    from fideval.report.compare import choose, read_reports, records_of
+    """The plan of ``report``'s builds at one path and length (their records read back as ``compare`` does);
+    ``documents`` (eval-windows.json or its folder): in documents, not windows (module docstring)."""
+    from fideval.report.compare_inputs import choose, read_reports, records_of
 
     if figure not in FIGURES:
         raise FidevalError(f"unknown figure {figure!r}", hint=f"one of {', '.join(FIGURES)}")
@@ -191,31 +198,43 @@ def plan(
     cands = sorted({x["candidate"] for x in rep["results"] if (x["path"], x["length"]) == (path, length)})
     sets = {c: records_of(p, rep, c, path, length) for c in cands}
     names, s, n, cl = _arrays(sets, FIGURES[figure])
+    unit = "window"
+    if documents is not None:  # documents as the unit: windows sharing one summed together
+        from fideval.report.compare_units import document_units, read_documents
+
+        docs, where = read_documents(documents, [(p, rep)])
+        unit_of, strata = document_units(dict(zip(cl.ids, cl.strata)), docs, where)
+        ucl = Clusters.from_pairs(strata)
+        codes = ucl.codes([unit_of[w] for w in cl.ids])
+        s, n = (np.stack([np.bincount(codes, weights=x[:, j], minlength=ucl.size) for j in range(x.shape[1])], 1)
+                for x in (s, n))
+        cl, unit = ucl, "document"
     conf = confidence if confidence is not None else float(rep["settings"]["confidence"])
     out = plan_arrays(names, s, n, list(cl.strata), half=half, confidence=conf, power=power, windows=windows,
                       detect=detect)
-    return out | {"report": str(p), "figure": figure, "path": path, "length": length}
+    return out | {"report": str(p), "figure": figure, "path": path, "length": length, "unit": unit}
 
 
 def lines(pl: dict[str, Any]) -> list[str]:
     """What the verb prints: per build and scope the pilot's half-width and the windows needed; per pair the MDD."""
     fig = pl["figure"]
+    u = "documents" if pl.get("unit") == "document" else "windows"
     out = [f"{pl['report']}: {fig} at {pl['path']}/{pl['length']}, {pl['confidence']:.0%} intervals "
            f"(half-width = q(G) se0 sqrt(G0/G), q(G) = sqrt(G/(G-H)) t_(G-H))"]
     for r in pl["rows"]:
         need = ""
         if pl["half_width_target"] is not None:
-            need = (f"; half-width {pl['half_width_target']:.4g} needs {r['windows_needed']} windows"
+            need = (f"; half-width {pl['half_width_target']:.4g} needs {r['windows_needed']} {u}"
                     if r["windows_needed"] is not None else "; target not reachable")
-        at = f"; at {r['windows_at']:.4g} windows {r['half_width_at']:.4g}" if r["half_width_at"] is not None else ""
-        out.append(f"  {r['scope']} {r['build']}: {fig} {r['estimate']:.4g}, {r['windows']} windows, half-width "
+        at = f"; at {r['windows_at']:.4g} {u} {r['half_width_at']:.4g}" if r["half_width_at"] is not None else ""
+        out.append(f"  {r['scope']} {r['build']}: {fig} {r['estimate']:.4g}, {r['windows']} {u}, half-width "
                    f"{r['half_width']:.4g}{at}{need}")
     for q in pl["pairs"]:
         need = ""
         if pl["detect"] is not None:
-            need = (f"; detecting {pl['detect']:.4g} needs {q['windows_to_detect']} windows"
+            need = (f"; detecting {pl['detect']:.4g} needs {q['windows_to_detect']} {u}"
                     if q["windows_to_detect"] is not None else "; not detectable")
-        at = f"; at {q['windows_at']:.4g} windows {q['mdd_at']:.4g}" if q["mdd_at"] is not None else ""
+        at = f"; at {q['windows_at']:.4g} {u} {q['mdd_at']:.4g}" if q["mdd_at"] is not None else ""
         out.append(f"  {q['scope']} {q['a']} - {q['b']}: difference {q['difference']:.4g}, minimum detectable "
                    f"({pl['power']:.0%} power) {q['mdd']:.4g}{at}{need}")
     return out
