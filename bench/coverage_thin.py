@@ -17,8 +17,12 @@ concentration diagnostic of ``fideval/stats/concentration.py`` and the default's
 it flags and on those it does not. The existing mean shapes of coverage_sim (``--shapes heavy-high ...``)
 calibrate the flag: how often it fires where the default covers.
 
+``--rule-shapes`` scores every report quantile as printed under the rule of ``quantile_figures`` (the p99 and
+p99.9 with their lower bound alone); ``--double-shapes`` the calibrated double bootstrap beside the default.
+
 Usage: python bench/coverage_thin.py [--shapes ...] [--clusters 64 128 256 512] [--replications 400]
-       [--resamples 500] [--json out.json]
+       [--resamples 500] [--quantile-shapes ...] [--rule-shapes ...] [--double-shapes ... --inner 100]
+       [--json out.json]
 """
 
 from __future__ import annotations
@@ -182,6 +186,61 @@ def replicate(name: str, g: int, reps: int, b: int, seed: int, conf: float = 0.9
             "coverage_unflagged": hit_noflag / (reps - flagged) if reps > flagged else None, "per_rep": per_rep}
 
 
+def _log_t(s: np.ndarray, n: np.ndarray, counts: np.ndarray, dom: np.ndarray) -> np.ndarray:
+    """The log-scale studentized statistic of every resample in ``counts``, about the data's own estimate."""
+    theta = float(s.sum() / n.sum())
+    star, se_star = resampled_se(s, n, counts, dom)
+    with np.errstate(invalid="ignore", divide="ignore"):
+        return (np.log(star[:, 0]) - math.log(theta)) * star[:, 0] / se_star[:, 0]
+
+
+def _inner_counts(dom: np.ndarray, c: int, rng: np.random.Generator) -> np.ndarray:
+    out = np.zeros((c, dom.size))
+    rows = np.arange(c)[:, None]
+    for d in np.unique(dom):
+        m = np.flatnonzero(dom == d)
+        draws = rng.integers(0, m.size, (c, m.size))
+        out[:, m] = np.bincount((rows * m.size + draws).ravel(), minlength=c * m.size).reshape(c, m.size)
+    return out
+
+
+def replicate_double(name: str, g: int, reps: int, b: int, c: int, seed: int, conf: float = 0.95) -> dict:
+    """The calibrated (double) bootstrap of the symmetric log-scale bootstrap-t (Beran 1987's prepivoting; Hall
+    1992, 3.11; Davison & Hinkley 1997, 3.9): for each of ``b`` outer resamples, ``c`` inner resamples of it give
+    u_b = the share of inner |t**| at or below the outer |t*_b|; the calibrated level is the ``conf`` quantile of
+    u_b, and the interval log(theta) -+ q se with q the calibrated-level quantile of the outer |t*| (no further
+    expansion: the calibration replaces it). Scored beside the report's default on the same data and resamples."""
+    shape = THIN.get(name) or SHAPES[name]
+    rng = np.random.default_rng([seed, g, zlib.crc32(name.encode()), 11])
+    sizes = allocate(g, shape.domain_weights)
+    t = truth_thin(shape) if name in THIN else truth(shape, sizes)
+    h = sizes.size
+    cl = Clusters.from_pairs({f"{k:03d}": f"d{d}" for k, d in enumerate(np.repeat(np.arange(h), sizes))})
+    tl, levels = Tally(), []
+    for _ in range(reps):
+        counts = resample_counts(cl, b, int(rng.integers(2**62)))
+        s, n, dom = draw_thin(shape, sizes, rng) if name in THIN else draw(shape, sizes, rng)[:3]
+        tl.reps += 1
+        tl.add("default", cluster_t_means(s, n, counts, dom, "log", conf, symmetric=True, expand=True)[0]["ci"], t)
+        t_out = np.abs(_log_t(s, n, counts, dom))
+        u = np.empty(b)
+        for k in range(b):
+            idx = np.repeat(np.arange(g), counts[k].astype(np.int64))
+            t_in = np.abs(_log_t(s[idx], n[idx], _inner_counts(dom[idx], c, rng), dom[idx]))
+            t_in = t_in[np.isfinite(t_in)]
+            u[k] = np.mean(t_in <= t_out[k]) if t_in.size and np.isfinite(t_out[k]) else 1.0
+        lam = float(np.quantile(u, conf))
+        levels.append(lam)
+        theta = float(s.sum() / n.sum())
+        se_log = math.sqrt(float(linearized_variance(s, n, dom)[0])) / theta
+        q = float(np.quantile(t_out[np.isfinite(t_out)], lam))
+        tl.add("double", (theta * math.exp(-q * se_log), theta * math.exp(q * se_log)), t)
+    return {"shape": name, "windows": g, "replications": reps, "resamples": b, "inner": c,
+            "coverage": {m: tl.coverage(m) for m in ("default", "double")},
+            "width": {m: tl.width(m) for m in ("default", "double")},
+            "calibrated_level_median": float(np.median(levels))}
+
+
 P99_RULES = (25, 30, 40, 50, 60)
 
 
@@ -218,6 +277,44 @@ def replicate_p99(shape: Shape, g: int, reps: int, b: int, seed: int, conf: floa
             "lower_only": float(r[:, 2].mean()), "tail_windows_median": float(np.median(r[:, 0]))}
 
 
+def replicate_quantile_rule(shape: Shape, g: int, reps: int, b: int, seed: int, conf: float = 0.95) -> dict:
+    """Every report quantile under the rule of ``quantile_figures`` (two-sided where its tail windows reach the
+    gate and q is below ``LOWER_ONLY_FROM``, else the lower bound alone): coverage as printed (a withheld upper
+    bound covers when the lower one holds), the two-sided coverage of the runs printed two-sided and their share,
+    the two-sided coverage had every run that passes the gate been printed two-sided, and the lower bound's."""
+    from fideval.stats.quantiles import LOWER_ONLY_FROM, TAIL_WINDOWS
+
+    rng = np.random.default_rng([seed, g, zlib.crc32(shape.name.encode()), 7])
+    sizes = allocate(g, shape.domain_weights)
+    tq = truth_quantiles(shape, sizes)
+    h = sizes.size
+    cl = Clusters.from_pairs({f"{k:03d}": f"d{d}" for k, d in enumerate(np.repeat(np.arange(h), sizes))})
+    level = expanded_confidence(conf, g, h)
+    rec = []  # per replication, per quantile: (gate passed, two-sided covers, lower holds)
+    for _ in range(reps):
+        counts = resample_counts(cl, b, int(rng.integers(2**62)))
+        _, n, _, x = draw(shape, sizes, rng)[:4]
+        codes = np.repeat(np.arange(g), n.astype(np.int64))
+        boot = bootstrap_quantiles(x, codes, counts, list(QUANTILES))
+        est = np.quantile(x, QUANTILES)
+        row = []
+        for i, q in enumerate(QUANTILES):
+            lo, hi = np.quantile(boot[:, i], [(1 - level) / 2, (1 + level) / 2])
+            row.append((tail_windows(x, codes, float(est[i])) >= TAIL_WINDOWS, lo <= tq[i] <= hi, lo <= tq[i]))
+        rec.append(row)
+    r = np.array(rec, dtype=np.float64)  # [R, Q, 3]
+    out = {}
+    for i, q in enumerate(QUANTILES):
+        gate, two, low = r[:, i, 0] > 0, r[:, i, 1] > 0, r[:, i, 2] > 0
+        printed2 = gate if q < LOWER_ONLY_FROM else np.zeros_like(gate)
+        out[str(q)] = {"as_printed": float(np.where(printed2, two, low).mean()),
+                       "two_sided_printed": float(two[printed2].mean()) if printed2.any() else None,
+                       "share_two_sided": float(printed2.mean()),
+                       "two_sided_at_gate": float(two[gate].mean()) if gate.any() else None,
+                       "share_at_gate": float(gate.mean()), "lower_only": float(low.mean())}
+    return {"shape": shape.name, "windows": g, "replications": reps, "resamples": b, "quantiles": out}
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--shapes", nargs="*", default=list(THIN))
@@ -227,6 +324,11 @@ def main() -> None:
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--quantile-shapes", nargs="*", default=[],
                     help=f"quantile shapes whose p99 interval to score ({', '.join(QUANTILE_THIN)} or coverage_sim's)")
+    ap.add_argument("--double-shapes", nargs="*", default=[],
+                    help="shapes on which to score the calibrated double bootstrap beside the default")
+    ap.add_argument("--inner", type=int, default=100, help="inner resamples of the double bootstrap")
+    ap.add_argument("--rule-shapes", nargs="*", default=[],
+                    help="quantile shapes on which to score every quantile under the report's rule")
     ap.add_argument("--json")
     a = ap.parse_args()
     cells = []
@@ -260,6 +362,33 @@ def main() -> None:
                 for r, v in c["two_sided_at_or_above"].items()) + f" | {c['lower_only']:.3f} | " + " | ".join(
                 f"{k}: {'—' if v['coverage'] is None else format(v['coverage'], '.3f')} / {v['share']:.2f}"
                 for k, v in c["gate_by_concentration"].items()) + " |", flush=True)
+    if a.double_shapes:
+        print("\n| shape | windows | R | B x C | default | calibrated double bootstrap | width / truth: default / double "
+              "| calibrated level (median) |")
+        print("|---|---|---|---|---|---|---|---|")
+    for name in a.double_shapes:
+        for g in a.clusters:
+            c = replicate_double(name, g, a.replications, a.resamples, a.inner, a.seed)
+            cells.append(c)
+            print(f"| {name} | {g} | {c['replications']} | {c['resamples']} x {c['inner']} | "
+                  f"{c['coverage']['default']:.3f} | {c['coverage']['double']:.3f} | {c['width']['default']:.2f} / "
+                  f"{c['width']['double']:.2f} | {c['calibrated_level_median']:.3f} |", flush=True)
+    if a.rule_shapes:
+        print("\n| shape | windows | R | " + " | ".join(f"{q}: as printed / two-sided as printed (share) / two-sided at "
+                                                     "the gate (share) / lower alone" for q in QUANTILES) + " |")
+        print("|---|---|---|" + "---|" * len(QUANTILES))
+    for name in a.rule_shapes:
+        shape = QUANTILE_THIN.get(name) or SHAPES[name]
+        for g in a.clusters:
+            c = replicate_quantile_rule(shape, g, a.replications, a.resamples, a.seed)
+            cells.append(c)
+
+            def f(v: float | None) -> str:
+                return "—" if v is None else f"{v:.3f}"
+            print(f"| {name} | {g} | {c['replications']} | " + " | ".join(
+                f"{f(v['as_printed'])} / {f(v['two_sided_printed'])} ({v['share_two_sided']:.2f}) / "
+                f"{f(v['two_sided_at_gate'])} ({v['share_at_gate']:.2f}) / {f(v['lower_only'])}"
+                for v in c["quantiles"].values()) + " |", flush=True)
     if a.json:
         Path(a.json).write_text(json.dumps(cells, indent=1))
 

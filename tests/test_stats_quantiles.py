@@ -4,7 +4,7 @@ import numpy as np
 import pytest
 
 from fideval.stats.clusters import resample_counts
-from fideval.stats.quantiles import TAIL_WINDOWS, bootstrap_quantiles, quantile_figures, quantiles
+from fideval.stats.quantiles import LOWER_ONLY_FROM, TAIL_WINDOWS, bootstrap_quantiles, quantile_figures, quantiles
 
 QS = [0.5, 0.9, 0.99, 0.999]
 
@@ -43,7 +43,7 @@ def test_bootstrap_quantiles_equal_pooled_resamples(grid, chunk, monkeypatch):
 
 def test_quantile_figures_interval_contains_estimate():
     vals, codes = _data(g=40, rows=200, seed=2)
-    figs = quantile_figures(vals, codes, resample_counts(40, 2000, 0), QS, min_tail_windows=0)
+    figs = quantile_figures(vals, codes, resample_counts(40, 2000, 0), QS, min_tail_windows=0, lower_only_from=2)
     for f, q in zip(figs, QS):
         assert f["ci"][0] <= f["estimate"] <= f["ci"][1]
         assert f["q"] == q and f["clusters"] == 40 and f["rows"] == vals.size
@@ -56,7 +56,7 @@ def test_quantile_interval_is_the_percentile_at_the_expanded_level():
 
     vals, codes = _data(g=40, rows=200, seed=4)
     counts = resample_counts(40, 400, 1)
-    figs = quantile_figures(vals, codes, counts, QS, 0.95, strata=2, min_tail_windows=0)
+    figs = quantile_figures(vals, codes, counts, QS, 0.95, strata=2, min_tail_windows=0, lower_only_from=2)
     level = 1 - 2 * stats.norm.cdf(np.sqrt(40 / 38) * stats.t.ppf(0.025, 38))
     assert level > 0.95
     pooled = np.array([np.quantile(np.repeat(vals, counts[b][codes].astype(int)), QS) for b in range(400)])
@@ -84,11 +84,34 @@ def test_few_tail_windows_keeps_the_lower_bound_and_states_no_upper_bound():
     percentile the two-sided interval would have; at or above it both bounds are stated."""
     vals, codes = _data(g=40, rows=200, seed=4)
     counts = resample_counts(40, 400, 1)
-    both = quantile_figures(vals, codes, counts, QS, min_tail_windows=0)
+    both = quantile_figures(vals, codes, counts, QS, min_tail_windows=0, lower_only_from=2)
     figs = quantile_figures(vals, codes, counts, QS)
     flagged = [f["tail_windows"] < TAIL_WINDOWS for f in figs]
     assert flagged[-1] and not flagged[0]  # p99.9 of ~6,000 rows: ~6 rows above it, from at most as many windows
     for f, b, few in zip(figs, both, flagged):
+        lower_only = f["q"] >= LOWER_ONLY_FROM  # the p99 and p99.9: the lower bound alone, whatever the tail
         assert f["ci"][0] == b["ci"][0] and f["estimate"] == b["estimate"]
-        assert f["ci"][1] == (None if few else b["ci"][1])
+        assert f["ci"][1] == (None if few or lower_only else b["ci"][1])
         assert ("few_tail_windows" in f["flags"]) == few
+        assert ("lower_bound_only" in f["flags"]) == lower_only
+
+
+def test_p99_keeps_only_its_lower_bound_even_with_many_tail_windows():
+    """Issue 48: the two-sided p99 that passes the tail-window gate covers 0.50-0.89 where few runs pass it; from
+    q = 0.99 the interval is [lower, null] with ``lower_bound_only``, the lower bound the same percentile of the
+    pooled resampled rows (checked directly), while the median and p90 stay two-sided."""
+    from scipy import stats
+
+    vals, codes = _data(g=200, rows=100, seed=9)
+    counts = resample_counts(200, 300, 2)
+    figs = quantile_figures(vals, codes, counts, QS, min_tail_windows=0)
+    level = 1 - 2 * stats.norm.cdf(np.sqrt(200 / 199) * stats.t.ppf(0.025, 199))
+    pooled = np.array([np.quantile(np.repeat(vals, counts[b][codes].astype(int)), QS) for b in range(300)])
+    for i, f in enumerate(figs):
+        lo = np.quantile(pooled[:, i], (1 - level) / 2)
+        assert f["ci"][0] == pytest.approx(lo, rel=1e-12)
+        if f["q"] >= 0.99:
+            assert f["ci"][1] is None and "lower_bound_only" in f["flags"] and "few_tail_windows" not in f["flags"]
+        else:
+            assert f["ci"][1] == pytest.approx(np.quantile(pooled[:, i], (1 + level) / 2), rel=1e-12)
+            assert "lower_bound_only" not in f["flags"]

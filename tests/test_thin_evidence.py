@@ -107,6 +107,11 @@ def test_few_windows_flag_below_the_measured_floor():
     assert "`few_windows`" in words and "0.91-0.93 with 24-32 windows of one domain" in words
     assert "were not measured" not in words and "fewer than 8 were not measured" in few_windows(6)
     assert few_windows(DOMAIN_MIN_WINDOWS) is None
+    # a report whose per-domain means under 64 windows print the union with the domain-pooled interval
+    words = few_windows(12, pooled=True)
+    assert "borrows strength across the domains" in words and "covers 0.949-0.976 with 8-128 windows a domain" in words
+    assert "too_few_windows" not in words and "below 8 windows a domain gets no interval" in few_windows(5, pooled=True)
+    assert few_windows(DOMAIN_MIN_WINDOWS, pooled=True) is None
 
 
 def test_card_words_for_a_concentrated_interval():
@@ -157,8 +162,61 @@ def test_report_and_card_on_a_concentrated_design(heavy_report):
     assert "concentrated" in m["flags"] and "concentration" not in res["overall"]["mean_delta_nll"]
     assert "concentrated" in res["domains"]["code"]["mean_kld"]["flags"]  # the heavy window is code's
     for d in ("code", "chat"):
-        assert "few_windows" in res["domains"][d]["mean_kld"]["flags"] and res["domains"][d]["clusters"] == 16
+        dm = res["domains"][d]["mean_kld"]
+        assert "few_windows" in dm["flags"] and res["domains"][d]["clusters"] == 16
+        # 16 windows a domain: the union of the domain's own bootstrap-t and the domain-pooled t-interval
+        assert dm["method"] == "union-bootstrap-t-pooled-t-log" and dm["pooled_t"]["df"] == 30
+        assert dm["ci"] == [min(dm["bootstrap_t"]["ci"][0], dm["pooled_t"]["ci"][0]),
+                            max(dm["bootstrap_t"]["ci"][1], dm["pooled_t"]["ci"][1])]
     assert "may undercover: a few windows carry much of this mean's KLD" in card
     assert ("An interval marked above has no bound (—) or is its estimate alone, or may cover less than its stated "
             "level; why, from report.json:") in card
-    assert few_windows(16) in card
+    assert few_windows(16, pooled=True) in card
+
+
+def test_card_words_for_an_interval_withheld_by_design():
+    p99 = {"q": 0.99, "estimate": 1.2, "ci": [0.9, None], "flags": ["lower_bound_only"], "tail_windows": 40.0}
+    assert reason(p99).startswith("no upper bound: a two-sided interval this far in the tail covered as little as")
+    assert "(flag `lower_bound_only`)" in reason(p99)
+    # too few tail windows says the more specific reason
+    assert reason(p99 | {"flags": ["few_tail_windows", "lower_bound_only"], "tail_windows": 3.0}).startswith(
+        "no upper bound: the rows beyond this quantile come from 3.0 effective windows")
+    dom = {"estimate": 0.1, "ci": [None, None], "method": "cluster-bootstrap-t-log-symmetric-expanded", "clusters": 5,
+           "strata": 1, "flags": ["few_windows", "too_few_windows"]}
+    assert reason(dom).startswith("no interval: this domain's mean rests on 5 windows, fewer than 8")
+
+
+def test_report_and_card_withhold_a_domain_interval_on_too_few_windows(tmp_path):
+    """Six windows a domain: no per-domain interval (flag `too_few_windows`), the card says why; the p99 keeps its
+    lower bound alone."""
+    windows = syn.window_ids(["code", "chat"], 6)
+    df = syn.records_frame("q4", "serving", 64, 64, windows, effect=1.0)
+    rec = syn.write_records(tmp_path / "q4", df, "q4", "serving", 64)
+    syn.write_eval_windows(tmp_path, windows, 64)
+    res = run_fideval("report", "--records", str(rec), "--windows", str(tmp_path), "--out", str(tmp_path / "report"),
+                      "--resamples", "200", "--no-plots")
+    assert res.code == 0, res.stderr
+    res = run_fideval("card", str(tmp_path / "report"), "--candidate", "q4", "--out", str(tmp_path / "README.md"))
+    assert res.code == 0, res.stderr
+    rep = json.loads((tmp_path / "report" / "report.json").read_text())["results"][0]
+    for d in ("code", "chat"):
+        dm = rep["domains"][d]["mean_kld"]
+        assert dm["ci"] == [None, None] and {"few_windows", "too_few_windows"} <= set(dm["flags"])
+        assert dm["bootstrap_t"]["ci"][0] is not None and dm["pooled_t"] is None
+    p99 = next(q for q in rep["overall"]["kld_quantiles"] if q["q"] == 0.99)
+    assert p99["ci"][1] is None and "lower_bound_only" in p99["flags"]
+    assert reason(dm).startswith("no interval: this domain's mean rests on 6 windows, fewer than 8")
+    card = (tmp_path / "README.md").read_text()  # the card prints per-domain estimates, and says why no interval
+    assert few_windows(6, pooled=True) in card and "`too_few_windows`" in card
+    # a p99 withheld by the rule alone (its tail windows enough): the card says why in its own sentence
+    path = tmp_path / "report" / "report.json"
+    full = json.loads(path.read_text())
+    for q in full["results"][0]["overall"]["kld_quantiles"]:
+        if q["q"] >= 0.99:
+            q["flags"], q["tail_windows"] = ["lower_bound_only"], 30.0
+    path.write_text(json.dumps(full))
+    res = run_fideval("card", str(tmp_path / "report"), "--candidate", "q4", "--out", str(tmp_path / "R2.md"))
+    assert res.code == 0, res.stderr
+    card = (tmp_path / "R2.md").read_text()
+    assert ("The intervals of the 99th, 99.9th percentiles above have a lower bound only (`lower_bound_only` in "
+            "report.json)") in card

@@ -26,6 +26,7 @@ from fideval.stats.concentration import (
     DOMAIN_MIN_WINDOWS,
     EFFECTIVE_SHARE_FLAG,
 )
+from fideval.stats.domains import MIN_WINDOWS, UNION_COVERAGE
 
 LABELS = {
     "cluster-bca": "BCa",
@@ -35,6 +36,7 @@ LABELS = {
     "cluster-bootstrap-t-log": "bootstrap-t",
     "cluster-bootstrap-t-logit": "bootstrap-t",
     "wilson": "Wilson",
+    "union-bootstrap-t-pooled-t-log": "bootstrap-t joined with a domain-pooled t",  # per-domain mean KLD
 }
 
 
@@ -112,6 +114,16 @@ def reason(fig: dict[str, Any] | None, kind: str = "kld") -> str | None:
 
             return (f"no upper bound: the rows beyond this quantile come from {n} (fewer than {TAIL_WINDOWS:g}), and "
                     "resampling windows cannot show how far such a tail reaches (flag `few_tail_windows`)")
+        if "lower_bound_only" in flags:
+            return ("no upper bound: a two-sided interval this far in the tail covered as little as 50-89 % at its "
+                    "stated level where few resamples reach the tail, and no rule from the data told those cases apart, "
+                    "so only the lower bound, which holds, is given (flag `lower_bound_only`)")
+        if "too_few_windows" in flags:
+            from fideval.stats.domains import MIN_WINDOWS as fewest
+
+            return (f"no interval: this domain's mean rests on {_windows(fig)}, fewer than {fewest}; no interval "
+                    "measured on so few windows of one domain holds its level without bounds many times the estimate "
+                    "(flag `too_few_windows`)")
         if "unbounded" in flags:
             return (f"no {side} bound: on {_windows(fig)} the bootstrap-t's quantile, at the level expanded for few "
                     f"windows, is so far out that the interval has no finite {side} end (flag `unbounded`); more "
@@ -155,11 +167,21 @@ def thin(fig: dict[str, Any]) -> str | None:
             "the lower bound holds")
 
 
-def few_windows(fewest: int) -> str | None:
+def few_windows(fewest: int, pooled: bool = False) -> str | None:
     """The card's sentence under the per-domain table when a domain's mean rests on fewer than
-    ``DOMAIN_MIN_WINDOWS`` windows (flag ``few_windows``); None otherwise."""
+    ``DOMAIN_MIN_WINDOWS`` windows (flag ``few_windows``); None otherwise. ``pooled``: the report gives such a
+    mean the union of its own interval and the domain-pooled one, none below ``domains.MIN_WINDOWS`` (reports
+    before it print the domain's own bootstrap-t, and the sentence says what that covers)."""
     if fewest >= DOMAIN_MIN_WINDOWS:
         return None
+    if pooled:
+        none = (f"; below {MIN_WINDOWS} windows a domain gets no interval (flag `too_few_windows`), as none measured "
+                "there holds without absurd widths" if fewest < MIN_WINDOWS else "")
+        return (f"Per-domain figures rest on as few as {fewest} windows (flag `few_windows` under "
+                f"{DOMAIN_MIN_WINDOWS}): each per-domain mean KLD borrows strength across the domains, its interval "
+                "the union of its own bootstrap-t and a t-interval whose relative window spread is pooled over every "
+                f"domain (a domain effect on the log scale, a common spread); it covers {UNION_COVERAGE} at its "
+                f"stated level{none} (docs/formats-report.md, \"Thin evidence\").")
     unmeasured = f"; fewer than {DOMAIN_MEASURED_FROM} were not measured" if fewest < DOMAIN_MEASURED_FROM else ""
     return (f"Per-domain figures rest on as few as {fewest} windows: a per-domain mean on fewer than "
             f"{DOMAIN_MIN_WINDOWS} windows is flagged `few_windows`, and there its interval covers {DOMAIN_COVERAGE} "

@@ -6,7 +6,8 @@ cluster bootstrap-t of ``fideval/stats/studentized.py``, with the cluster BCa of
 ``fideval/stats/bootstrap.py`` beside it (``fideval/stats/intervals.py``); top-1 agreement also carries the
 Wilson and design-effect Wilson intervals, labelled: Wilson assumes independent tokens, the others account
 for windows. A mean KLD stores ``concentration`` beside its interval and may be flagged ``concentrated``; a
-per-domain mean on few windows ``few_windows`` (docs/formats-report.md, "Thin evidence"). All per-window
+per-domain mean on few windows ``few_windows``; a per-domain mean's interval is the union of its own and one pooled
+over the domains (``fideval/stats/domains.py``; docs/formats-report.md, "Thin evidence"). All per-window
 sums of a set go into one ``[G, F]`` matrix so every mean of the set (overall, per domain, per position
 bucket) is one matmul with the count matrix.
 """
@@ -19,7 +20,7 @@ import numpy as np
 
 from fideval.report.inputs import RecordSet
 from fideval.stats.clusters import cluster_sums
-from fideval.stats.concentration import DOMAIN_MIN_WINDOWS
+from fideval.stats.domains import domain_mean, pooled_domain_intervals
 from fideval.stats.intervals import SCALES, agreement_block, mean_intervals
 from fideval.stats.quantiles import quantile_figures
 
@@ -45,13 +46,11 @@ def position_edges(length: int) -> list[int]:
     return edges
 
 
-def few_windows(fig: dict[str, Any] | None) -> dict[str, Any] | None:
-    """A per-domain mean on fewer than ``DOMAIN_MIN_WINDOWS`` windows gains the flag ``few_windows``: there its
-    interval covers less than its stated level (docs/formats-report.md, "Thin evidence"); a degenerate one claims
-    nothing and is left alone."""
-    if fig is not None and fig.get("method") != "degenerate" and fig["clusters"] < DOMAIN_MIN_WINDOWS:
-        fig["flags"].append("few_windows")
-    return fig
+def few_windows(fig: dict[str, Any] | None, pooled: dict[str, Any] | None = None) -> dict[str, Any] | None:
+    """A per-domain mean KLD as printed: flag ``few_windows`` under ``DOMAIN_MIN_WINDOWS`` windows; from
+    ``domains.MIN_WINDOWS`` the union of its own interval and the domain-pooled t-interval ``pooled``, below it no
+    interval (``fideval/stats/domains.py``: docs/formats-report.md, "Thin evidence"); a degenerate one is left alone."""
+    return domain_mean(fig, pooled)
 
 
 class SetFigures:
@@ -129,6 +128,9 @@ class SetFigures:
         bca = dict(zip((name for name, _, _ in cols), mean_intervals(
             s, n, self.counts, self.strata, scales, confidence=self.confidence, seed=self.seed)))
 
+        names = [name for name, _, _ in cols]
+        dj = [names.index(f"{d}/mean_kld") for d in dom_masks]  # per-domain means: their spread pooled (domains.py)
+        pooled = dict(zip(dom_masks, pooled_domain_intervals(s[:, dj], n[:, dj], self.confidence) if dj else []))
         overall: dict[str, Any] = {f: self._stamp(bca[f]) for f, _ in OVERALL_MEANS}
         overall |= {a: self._agreement(a, None, bca[a]) for a in AGREEMENT}
         overall["kld_quantiles"] = self._quantiles(None)
@@ -149,7 +151,7 @@ class SetFigures:
             domains[d] = {
                 "rows": int(m.sum()),
                 "clusters": int(np.unique(codes[m]).size),
-                "mean_kld": self._stamp(few_windows(bca[f"{d}/mean_kld"])),
+                "mean_kld": self._stamp(few_windows(bca[f"{d}/mean_kld"], pooled.get(d))),
                 "top1": self._agreement("top1", m, bca[f"{d}/top1"]),
                 "kld_quantiles": self._quantiles(m),
                 "flags": [],

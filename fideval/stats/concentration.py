@@ -42,6 +42,8 @@ EFFECTIVE_SHARE_FLAG = 0.25  # flag ``concentrated`` below this effective share 
 DOMAIN_MIN_WINDOWS = 64  # a per-domain mean on fewer windows: ``few_windows`` (docs/formats-report.md, "Thin evidence")
 # the measured coverage the card quotes with each flag (docs/formats-report.md, "Thin evidence")
 CONCENTRATED_COVERAGE = "0.87-0.94 (as low as 0.48 where the heavy windows are a rare burst)"
+# a report before 2026-12-07 printed a per-domain mean's own bootstrap-t; the card's sentence for such a report quotes
+# what that covers (a later report prints the domain-pooled union of fideval/stats/domains.py)
 DOMAIN_COVERAGE = "0.91-0.93 with 24-32 windows of one domain"
 DOMAIN_MEASURED_FROM = 8  # the fewest windows of one domain whose coverage was measured (the fourth run)
 

@@ -23,6 +23,10 @@ import numpy as np
 
 from fideval.stats.bootstrap import cluster_bca_means
 from fideval.stats.concentration import EFFECTIVE_SHARE_FLAG, concentrated, concentration
+from fideval.stats.domains import DESCRIPTION as POOLED_DESCRIPTION
+from fideval.stats.domains import METHOD as POOLED_METHOD
+from fideval.stats.domains import MIN_WINDOWS as DOMAIN_FEWEST
+from fideval.stats.domains import UNION
 from fideval.stats.studentized import cluster_t_means, method_name
 from fideval.stats.wilson import wilson_figure
 
@@ -36,6 +40,7 @@ DEFAULTS = {
     "difference of two means": "mover-" + method_name("log", **VARIANT),
     "proportion (top-k agreement)": method_name("logit", **VARIANT),
     "ratio of two means": method_name("log", **VARIANT),
+    "per-domain mean KLD": UNION,  # fideval/stats/domains.py; none below DOMAIN_FEWEST windows
 }
 BESIDE = {
     "cluster_bca": "cluster-bca: the seed's interval, BCa over the same window resamples (undercovers with few "
@@ -125,6 +130,10 @@ METHODS = {
     "mover-" + method_name("log", **VARIANT): "MOVER (Zou & Donner 2008) for a difference m1 - m2: "
     "d -+ sqrt((m1 - l1)^2 + (u2 - m2)^2 - 2 rho ...) from each mean's own "
     + method_name("log", **VARIANT) + " interval and the correlation rho of the resampled means",
+    UNION: f"per-domain mean KLD: the union (lower of the lower bounds, higher of the upper) of the domain's own "
+           f"{method_name('log', **VARIANT)} interval (``bootstrap_t``) and {POOLED_METHOD} (``pooled_t``); no interval "
+           f"below {DOMAIN_FEWEST} windows (flag too_few_windows)",
+    POOLED_METHOD: POOLED_DESCRIPTION,
     "degenerate": "no spread to resample (fewer than two windows, zero variance, or the estimate on the "
                   "scale's boundary): the interval is the estimate",
 }
