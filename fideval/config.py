@@ -16,6 +16,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 
 from fideval.errors import FidevalError
 from fideval.formats.nesting import MAX_DEPTH
+from fideval.windows.class_config import TemplateRule, TokenClassesConfig
 
 DEMO_ROOT = Path(__file__).resolve().parent / "demo" / "assets"
 HEX40 = re.compile(r"^[0-9a-f]{40}$")
@@ -271,6 +272,8 @@ class Config(Strict):
     candidates: list[Candidate] = Field(default_factory=list)
     score: ScoreConfig = Field(default_factory=ScoreConfig)
     report: ReportConfig = Field(default_factory=ReportConfig)
+    token_classes: TokenClassesConfig = Field(default_factory=TokenClassesConfig,
+                                              description="rules that tag each token with its classes (docs/formats-classes.md)")
 
     @field_validator("domains")
     @classmethod
@@ -526,7 +529,8 @@ def markdown_reference() -> str:
     sections = [("top level", Config), ("model", ModelRef), ("domains[]", Domain), ("source (local)", LocalSource),
                 ("source (hf)", HubSource), ("windows", WindowsConfig), ("screen", ScreenConfig),
                 ("teacher", TeacherConfig), ("candidates[]", Candidate), ("candidates[].quant", QuantSpec),
-                ("quant module", ModuleQuant), ("score", ScoreConfig), ("report", ReportConfig), ("report.gates", Gates)]
+                ("quant module", ModuleQuant), ("score", ScoreConfig), ("report", ReportConfig), ("report.gates", Gates),
+                ("token_classes", TokenClassesConfig), ("token_classes.templates[]", TemplateRule)]
     out = ["# Config reference", "",
            "Generated from `fideval/config.py` by `fideval schema --format markdown`; do not edit by hand.",
            "Unknown keys are errors. Relative paths resolve against the working directory; `demo://x` names a",

@@ -70,7 +70,7 @@ def test_corpus_records_have_the_documented_shape(corpus):
             assert d["id"].startswith(f"{domain}-") and d["source"]
             if domain == "chat":
                 assert set(d) == {"id", "source", "messages"}
-                assert {m["role"] for m in d["messages"]} <= {"system", "user", "assistant"}
+                assert {m["role"] for m in d["messages"]} <= {"system", "user", "assistant", "tool"}  # agent chats: tool replies
                 assert d["messages"][-1]["role"] == "assistant" and len(d["messages"]) >= 2
             else:
                 assert set(d) == {"id", "source", "text"} and d["text"].strip()

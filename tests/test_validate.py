@@ -329,8 +329,9 @@ def _in_cache(monkeypatch, cache: Path) -> None:
 
 
 DEEPSEEK_STORES = "teacher stores: 2 x 1,048,576 rows x 129,280 x 4 B = 1.08 TB"  # 8 domains x 16 windows x 8,192
+# the default store (issue 41)
 DEEPSEEK_HIDDEN = ("teacher stores (hidden): 2 x 1,048,576 rows x 7,168 x 2 B + the head 129,280 x 7,168 x 2 B "
-                   "(config.json dtype bfloat16), one file hard-linked into every store = 31.9 GB; as logits 1.08 TB")  # the default store (issue 41)
+                   "(config.json dtype bfloat16), one file hard-linked into every store = 31.9 GB; as logits 1.08 TB")
 
 
 def test_deepseek_v3_config_validates_with_its_model_in_the_hub_cache(tmp_path, monkeypatch):

@@ -177,6 +177,9 @@ class Report(Model):
                                           "`complete` (false: a partial report, written only with --allow-partial), "
                                           "`status`, `detail`, per records set `asked`, `found`, `missing`, "
                                           "`missing_domains`, `first_missing`, and `missing_sets` (version 3)", default=None, since=3)
+    token_classes: dict[str, Any] | None = key("figures per token class (`fideval.token-class-figures` v1: `status`, "
+                                               "`source`, `classes`, `results`, `comparisons`; docs/formats-classes.md)",
+                                               default=None, since=3)
 
     def problem(self) -> str | None:
         """Figures no computation can give (a negative mean KLD, an agreement outside [0, 1]) are refused where

@@ -22,6 +22,7 @@ from fideval.config import Config, ReportConfig
 from fideval.errors import FidevalError
 from fideval.provenance import canonical_hash, tool_block
 from fideval.report import checks
+from fideval.report.classes import class_report
 from fideval.report.comparisons import comparisons
 from fideval.report.coverage import coverage, refuse_partial, token_links
 from fideval.report.figures import SetFigures, summary
@@ -277,6 +278,7 @@ def build(
         "gates": gates,
         "plots": [],
         "noise_floor": noise_floor(noise, figs),
+        "token_classes": class_report(sets, figs, windows),  # fideval/report/classes.py
     }
     summaries = {}
     for cand, path in sorted({(rs.candidate, rs.path) for rs in sets}):
@@ -314,9 +316,10 @@ def write(built: Built, out_dir: str | Path, *, plots: bool = True) -> Path:
     stage, old = _staging(out, real)
     try:
         if plots:
+            from fideval.report.class_plots import write_class_plots
             from fideval.report.plots import write_plots
 
-            built.report["plots"] = write_plots(built.figures, stage)
+            built.report["plots"] = write_plots(built.figures, stage) + write_class_plots(built.report, stage)
         for name, obj in built.summaries.items():
             write_json(stage / name, obj)
         obj = plain(built.report)

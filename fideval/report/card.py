@@ -22,6 +22,7 @@ from typing import Any
 from fideval.errors import FidevalError
 from fideval.report import card_meta
 from fideval.report.card_intervals import Cell, Notes, beside_context, few_windows, reason
+from fideval.report.class_card import class_context
 from fideval.stats.quantiles import TAIL_WINDOWS
 
 TOOL_URL = "https://github.com/fideval/fideval"
@@ -222,10 +223,14 @@ def card_context(
         "tail_min": f"{TAIL_WINDOWS:g}",
         "tail_flagged": sorted({q["q"] for r in rows for q in r["overall"]["kld_quantiles"]
                                 if "few_tail_windows" in q.get("flags", [])}),
+        "lower_only": sorted({q["q"] for r in rows for q in r["overall"]["kld_quantiles"]  # flag `lower_bound_only`
+                              if "lower_bound_only" in q.get("flags", []) and "few_tail_windows" not in q.get("flags", [])}),
         "headline": headline,
         "domain_rows": domain_rows,
         "min_domain_windows": min(dom_clusters) if dom_clusters else 0,
-        "few_domain_windows": few_windows(min(dom_clusters)) if dom_clusters else None,  # flag `few_windows`
+        "few_domain_windows": few_windows(min(dom_clusters), pooled=any(  # flag `few_windows`; a report with the
+            "bootstrap_t" in f["mean_kld"] for r in rows for f in r["domains"].values() if f.get("mean_kld"))
+        ) if dom_clusters else None,  # domain-pooled interval (fideval/stats/domains.py) says so
         "builds": builds,
         "paths": paths,
         "llamacpp": any(r["path"] == "llamacpp" for r in rows),
@@ -243,6 +248,7 @@ def card_context(
         "provenance": card_meta.candidate_provenance(report, candidate),
         "head_bits": card_meta.head_bits(report, candidate),
         "teacher_kind": card_meta.teacher_kind(report),
+        "teacher_head": card_meta.teacher_head(report),
         "dataset": {
             "name": prov["dataset"]["name"],
             "revision": ds["revision"],
@@ -254,6 +260,7 @@ def card_context(
         "config_hash": prov["config_hash"],
         "report_sha256": report_sha256,
         "lossy_teachers": [t for t in prov.get("teacher_stores") or [] if t.get("lossy")],
+        "token_classes": class_context(report, candidate, _ci),  # fideval/report/class_card.py
     }
 
 
@@ -266,8 +273,10 @@ def render(
     template: str | Path | None = None,
     registry: str | None = None,
     lane: str | None = None,
+    comparison: Path | None = None,
 ) -> str:
-    """The card's text: YAML front matter + the rendered markdown body."""
+    """The card's text: YAML front matter + the rendered markdown body. ``comparison``: a comparison.json of this
+    build among others (``card_family``): the card gains that section (``card.family``, else None)."""
     import jinja2
 
     cand = pick_candidate(report, candidate)
@@ -275,6 +284,15 @@ def render(
     data = card_meta.card_data(report, cand, sha, registry=registry, lane=lane)
     fm = data.to_dict()
     ctx = card_context(report, cand, report_path.parent, out_path.parent, sha)
+    ctx["family"] = None
+    if comparison is not None:  # many builds at once (issue 43): this build's place among them
+        from fideval.report import card_family
+
+        cmp = card_family.load(comparison)
+        card_family.check(cmp, report, cand, str(comparison))
+        ctx["family"] = card_family.context(cmp, Path(comparison), cand, out_path.parent)
+        if ctx["family"]["plot"] is not None:
+            ctx["plots"] = [*ctx["plots"], ctx["family"]["plot"]]
     if template is not None:
         tpath = Path(template)
         try:

@@ -110,6 +110,22 @@ def teacher_kind(report: dict[str, Any]) -> str | None:
     return ", ".join(sorted(kinds)) if kinds else None
 
 
+def teacher_head(report: dict[str, Any]) -> str | None:
+    """A hidden teacher store's lm head content digest(s) (``weight_sha256`` of its head block): the head every
+    replayed logit came from; None for logit stores."""
+    heads = set()
+    for m in report["provenance"].get("teacher_manifests") or []:
+        raw = (m.get("meta") or {}).get("head")
+        try:
+            block = json.loads(raw) if isinstance(raw, str) else raw
+        except ValueError:
+            block = None
+        if isinstance(block, dict) and block.get("weight_sha256"):
+            heads.add(str(block["weight_sha256"]))
+    heads |= {t["head_sha256"] for t in report["provenance"].get("teacher_stores") or [] if t.get("head_sha256")}
+    return ", ".join(sorted(heads)) if heads else None
+
+
 def measurement(report: dict[str, Any], candidate: str) -> dict[str, Any]:
     """How it was measured: the teacher's implementation, model parallel and hardware, and the scorer's."""
     t = _teacher_meta(report)
@@ -213,6 +229,7 @@ def x_fidelity(report: dict[str, Any], candidate: str, report_sha256: str, *, re
         "head_bits": head_bits(report, candidate),
         "candidate": {"name": candidate, **candidate_provenance(report, candidate)},
         "teacher_kind": teacher_kind(report),
+        "teacher_head_sha256": teacher_head(report),
         "dataset": {"name": str(prov["dataset"]["name"]), "tokens_sha256": ds["tokens_sha256"],
                     "sources": prov["dataset"]["sources"]},
         "measured_by": {

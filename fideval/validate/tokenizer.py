@@ -70,3 +70,9 @@ def check(cfg: Config, found: Findings, probe: Probe | None = None) -> None:
                 enc.check_chat()
             except FidevalError as e:
                 found.add(where, e)
+    from fideval.windows.tagging import Tagger
+
+    try:  # the token-class rule the windows stage would pick: it fits the chat template, its markers are tokens
+        Tagger(cfg.token_classes, tok, any(d.kind == "chat" or d.source.messages_field for d in cfg.domains))
+    except FidevalError as e:
+        found.add("token_classes", e)

@@ -23,7 +23,7 @@ An error met in a round that used unresolved answers is not final: the next roun
 from __future__ import annotations
 
 from collections.abc import Iterable, Iterator
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from fideval.config import Config, Domain
@@ -35,6 +35,7 @@ from fideval.windows.packing import Window, domain_rng, pack_window, sampled
 from fideval.windows.screen.index import Overlap
 from fideval.windows.screen.stage import Screen
 from fideval.windows.sources import Document, describe, iter_documents
+from fideval.windows.tagging import Tagger
 
 
 @dataclass
@@ -109,10 +110,12 @@ class Round:
 
 
 def build_domain(dom: Domain, cfg: Config, enc: Encoder, screen: Screen | None, docs: Iterable[Document] | None = None,
-                 memo: dict[int, Encoded] | None = None, rnd: Round | None = None) -> tuple[list[Built], DomainStats]:
+                 memo: dict[int, Encoded] | None = None, rnd: Round | None = None,
+                 tagger: Tagger | None = None) -> tuple[list[Built], DomainStats]:
     """One domain's windows by the sequential algorithm (module docstring). With a ``queries`` screen an
     answer may be unresolved: it counts as clean in this round (``rnd.unresolved``), and spare windows are
-    packed (and queued) after the last one needed."""
+    packed (and queued) after the last one needed. With a ``tagger`` each document's tokens carry their
+    classes into the window (``Window.classes``; cached with the encoding)."""
     w, want = cfg.windows.window_tokens, cfg.windows.windows_per_domain
     stats = DomainStats()
     rnd = rnd if rnd is not None else Round()
@@ -132,7 +135,10 @@ def build_domain(dom: Domain, cfg: Config, enc: Encoder, screen: Screen | None, 
                     continue
             e = memo.get(id(d))
             if e is None:
-                e = memo[id(d)] = enc.encode(d.text)
+                e = enc.encode(d.text)
+                if tagger is not None:
+                    e = replace(e, classes=tagger.tag(d.text, d.messages, dom.name, e.offsets[:, 0], e.offsets[:, 1]))
+                memo[id(d)] = e
             stats.tokens_read += int(e.ids.size)
             if e.ids.size == 0:
                 stats.empty_documents += 1
@@ -184,6 +190,8 @@ def build(cfg: Config) -> tuple[list[Built], dict[str, Any]]:
 
     tok_dir = tokenizer_folder(cfg.model)
     enc = Encoder(load_tokenizer(tok_dir, cfg.model.trust_remote_code), cfg.windows.separator)
+    chat = any(d.kind == "chat" or d.source.messages_field for d in cfg.domains)
+    tagger = Tagger(cfg.token_classes, enc.tok, chat)  # the rule checked before any document is read
     screen = Screen.from_config(cfg.screen, enc)
     streams = {dom.name: Replay(sampled(iter_documents(dom.source, f"domains.{dom.name}.source", enc.render),
                                         domain_rng(cfg.windows.seed, dom.name))) for dom in cfg.domains}
@@ -194,7 +202,7 @@ def build(cfg: Config) -> tuple[list[Built], dict[str, Any]]:
         for dom in cfg.domains:
             rnd = Round()
             try:
-                results[dom.name] = build_domain(dom, cfg, enc, screen, streams[dom.name], memo, rnd)
+                results[dom.name] = build_domain(dom, cfg, enc, screen, streams[dom.name], memo, rnd, tagger)
             except FidevalError:
                 if not rnd.unresolved:
                     raise
@@ -223,6 +231,7 @@ def build(cfg: Config) -> tuple[list[Built], dict[str, Any]]:
         "domains": domains,
         "screen": screen.record() if screen is not None else None,
         "top": top,
+        "token_classes": {**tagger.record(), "rules_sha256": canonical_hash(cfg.token_classes.model_dump(mode="json"))},
     }
     return out, meta
 

@@ -60,6 +60,8 @@ def tokenizer_sha256(folder: Path) -> str | None:
 class Encoded:
     ids: np.ndarray  # int32 token ids of the document
     char_ends: np.ndarray  # int64: characters of the text covered by the first k tokens = char_ends[k-1]
+    offsets: np.ndarray | None = None  # int64 [n, 2]: each token's own [start, end) characters (token classes)
+    classes: np.ndarray | None = None  # int32 [n]: each token's class bits (fideval.formats.classes), when tagged
 
 
 class Encoder:
@@ -98,8 +100,9 @@ class Encoder:
     def encode(self, text: str) -> Encoded:
         enc = self.tok(text, add_special_tokens=False, return_offsets_mapping=True, verbose=False)
         ids = np.asarray(enc["input_ids"], dtype=np.int32)
-        ends = np.asarray([e for _, e in enc["offset_mapping"]], dtype=np.int64)
-        return Encoded(ids=ids, char_ends=np.maximum.accumulate(ends) if ends.size else ends)
+        offsets = np.asarray(enc["offset_mapping"], dtype=np.int64).reshape(-1, 2)
+        ends = offsets[:, 1]
+        return Encoded(ids=ids, char_ends=np.maximum.accumulate(ends) if ends.size else ends, offsets=offsets)
 
     def ids(self, text: str) -> np.ndarray:
         return np.asarray(self.tok(text, add_special_tokens=False, verbose=False)["input_ids"], dtype=np.int64)

@@ -24,10 +24,12 @@ from typing import Any
 
 import numpy as np
 
+from fideval.formats.classes import BIT
 from fideval.windows.encode import Encoded, Encoder
 from fideval.windows.sources import Document
 
 BLOCK = 8192
+SEPARATOR = BIT["separator"]
 
 
 def domain_rng(seed: int, domain: str) -> np.random.Generator:
@@ -61,6 +63,7 @@ class Piece:
 class Window:
     tokens: np.ndarray  # int32 [window_tokens]
     pieces: list[Piece] = field(default_factory=list)
+    classes: np.ndarray | None = None  # int32 [window_tokens]: token class bits (fideval.formats.classes), when tagged
 
     def segments(self) -> list[np.ndarray]:
         """Each document's content tokens (separators excluded): the units the screen hashes."""
@@ -70,12 +73,16 @@ class Window:
 def pack_window(docs: Iterator[tuple[Document, Encoded]], length: int, enc: Encoder) -> Window | None:
     """Fill one window of ``length`` tokens from ``docs``; ``None`` when the documents run out first."""
     buf = np.empty(length, dtype=np.int32)
+    cls = np.zeros(length, dtype=np.int32)
     pieces: list[Piece] = []
     pos = 0
     for doc, e in docs:
         seg = np.concatenate([np.asarray(enc.prefix, np.int32), e.ids, np.asarray(enc.suffix, np.int32)])
         take = min(seg.size, length - pos)
         buf[pos:pos + take] = seg[:take]
+        if e.classes is not None:  # separators are of class separator, the document's tokens of theirs
+            sep = np.full(len(enc.prefix), SEPARATOR, np.int32), np.full(len(enc.suffix), SEPARATOR, np.int32)
+            cls[pos:pos + take] = np.concatenate([sep[0], e.classes, sep[1]])[:take]
         c0 = pos + len(enc.prefix)
         k = max(0, min(e.ids.size, take - len(enc.prefix)))  # content tokens that fit
         chars = int(e.char_ends[k - 1]) if k else 0
@@ -83,5 +90,5 @@ def pack_window(docs: Iterator[tuple[Document, Encoded]], length: int, enc: Enco
                             chars=(0, chars), doc_chars=len(doc.text), truncated=take < seg.size))
         pos += take
         if pos == length:
-            return Window(tokens=buf, pieces=pieces)
+            return Window(tokens=buf, pieces=pieces, classes=cls)
     return None

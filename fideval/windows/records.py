@@ -1,7 +1,8 @@
 """Write (and read back) the windows stage's outputs; formats in ``docs/formats-windows.md``.
 
 ``<out>/windows-<W>/`` and ``<out>/cuts-<C>/`` (``layout.write_sequences``), ``<out>/eval-windows.json``
-(format ``fideval.eval-windows`` v1) and ``<out>/index.parquet`` (one row per window x cut).
+(format ``fideval.eval-windows`` v1), ``<out>/index.parquet`` (one row per window x cut) and, when the windows
+were tagged, ``<out>/token-classes.safetensors`` (format ``fideval.token-classes``, docs/formats-classes.md).
 """
 
 from __future__ import annotations
@@ -15,12 +16,13 @@ from typing import Any
 import numpy as np
 
 from fideval.errors import FidevalError
+from fideval.formats import classes as class_format
 from fideval.formats import nesting
 from fideval.formats.ids import cut_ids
 from fideval.formats.model import dump, parse
 from fideval.formats.windows import FILE as WINDOWS_FILE
 from fideval.formats.windows import EvalWindows
-from fideval.fsio import atomic_path, write_json
+from fideval.fsio import atomic_path, write_bytes, write_json
 from fideval.provenance import tool_block
 from fideval.windows.build import Built
 from fideval.windows.layout import FILE, Sequences, length_dir, token_sha256, write_sequences
@@ -84,6 +86,9 @@ def write_outputs(out: Path, built: list[Built], meta: dict[str, Any], cfg_windo
         shutil.rmtree(old, ignore_errors=True)
     stage = Path(out) / f"{STAGING}{os.getpid()}"
     names = [f"{length_dir('', 'windows', w)}/{FILE}", f"{length_dir('', 'cuts', c)}/{FILE}", INDEX, EVAL_WINDOWS]
+    tagged = all(b.window.classes is not None for b in built) and meta.get("token_classes") is not None
+    if tagged:
+        names.insert(-1, class_format.FILE)
     try:
         write_sequences(length_dir(stage, "windows", w), Sequences(ids=ids, domains=domains, tokens=tokens))
         write_sequences(length_dir(stage, "cuts", c), Sequences(
@@ -91,10 +96,18 @@ def write_outputs(out: Path, built: list[Built], meta: dict[str, Any], cfg_windo
             tokens=tokens.reshape(-1, c)))
         with atomic_path(stage / INDEX) as tmp:
             pq.write_table(table, tmp)
+        if tagged:
+            tc = meta["token_classes"]
+            write_bytes(stage / class_format.FILE, class_format.encode(class_format.TokenClasses(
+                ids=ids, window_sha256=[r["sha256"] for r in windows], classes=np.stack([b.window.classes for b in built]),
+                meta={"rules": {k: tc[k] for k in ("rule", "turn_tokens", "code_domains")},
+                      "rules_sha256": tc["rules_sha256"], "tokenizer_sha256": meta["provenance"]["tokenizer_sha256"]})))
         write_json(stage / EVAL_WINDOWS, record)
         for name in names:
             (Path(out) / name).parent.mkdir(parents=True, exist_ok=True)
         (Path(out) / EVAL_WINDOWS).unlink(missing_ok=True)  # from here until the last rename: incomplete
+        if not tagged:  # an older side file must not outlive the windows it described
+            (Path(out) / class_format.FILE).unlink(missing_ok=True)
         for name in names:
             os.replace(stage / name, Path(out) / name)
     finally:

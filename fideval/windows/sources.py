@@ -39,6 +39,7 @@ class Document:
     origin: dict[str, Any]  # where it came from (file + line/row, or dataset + revision + split + row)
     text: str  # the text the model sees (chat: the rendered template)
     chat: bool = False
+    messages: list | None = None  # a conversation's messages as given (token classes locate them in ``text``)
 
 
 def _field(src: LocalSource | HubSource, first: dict, where: str, label: str) -> tuple[str, bool]:
@@ -261,7 +262,7 @@ def iter_documents(src: LocalSource | HubSource, where: str, render: Callable[[l
         if name is None:
             name, chat = _field(src, row, where, label)
         text = _payload(row, name, chat, where, _at(label, pos), render)
-        yield Document(origin=_origin(base, pos, row), text=text, chat=chat)
+        yield Document(origin=_origin(base, pos, row), text=text, chat=chat, messages=row[name] if chat else None)
 
 
 def _at(label: str, pos: dict) -> Callable[[], str]:

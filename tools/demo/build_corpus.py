@@ -26,6 +26,9 @@ import sys
 import sysconfig
 from pathlib import Path
 
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from agent_chats import agent_docs  # noqa: E402 -- this folder's sibling module, not a package
+
 from fideval import fsio
 from fideval.demo import CALIBRATION_DIR, CORPUS_DIR
 
@@ -53,6 +56,7 @@ ML_BYTES_PER_LANG = 8_000
 TARGET_CHARS = {"code": 160_000, "prose": 160_000, "math": 101_000, "chat": 147_000}
 CALIB_CHARS = {"code": 900_000, "prose": 200_000, "legal": 450_000}
 PLANTED_DOMAINS = ("code", "prose", "legal", "chat")  # one demo document of each is copied into calibration
+AGENT_CHATS = 40  # agent conversations (tool calls, reasoning) appended to the chat domain (agent_chats.py)
 
 
 # ----------------------------------------------------------------------------------------------- helpers
@@ -464,7 +468,9 @@ def build() -> dict[str, list[dict]]:
         "prose": lambda r: prose_docs(r, topic_keys, TARGET_CHARS["prose"]),
         "math": lambda r: math_docs(r, TARGET_CHARS["math"]),
         "multilingual": multilingual_docs,
-        "chat": lambda r: chat_docs(r, TARGET_CHARS["chat"]),
+        "chat": lambda r: chat_docs(r, TARGET_CHARS["chat"]) + agent_docs(
+            random.Random(SEED + 50), AGENT_CHATS, _functions(DEMO_CODE),
+            {n: _read(LICENSES / n) for n in DEMO_LICENSES}, math_problem, SEED + 50),
     }
     demo = {}
     for i, (domain, make) in enumerate(makers.items()):
