@@ -211,12 +211,26 @@ def test_a_resumed_store_refuses_another_kind_or_head(pair, tmp_path):
     assert (half / "head.safetensors").read_bytes() == before
 
 
-def test_the_reference_code_refuses_a_hidden_store_before_any_file(tmp_path):
-    _windows(tmp_path / "w", length=8)
-    res = run_fideval("teacher", "--model", tmp_path, "--windows", tmp_path / "w", "--out", tmp_path / "s", "--implementation",
-                      "reference", "--trust-remote-code", "--store", "hidden")
-    assert "a hidden teacher store is not available with the reference code" in res.error()
-    assert not (tmp_path / "s").exists()
+def test_the_reference_codes_hidden_store_replays_its_own_float32_head(tmp_path):
+    """DeepSeek's own inference code as the teacher (model.implementation: reference): the hidden store keeps what its
+    ``finish`` hands the head (the final norm's output) and the head it applies (``F.linear(x.float(), W)``, W float32),
+    and replays the logit store's bytes."""
+    import ref_deepseek_v3 as rv3
+
+    rv3.need_code()
+    model = rv3.build(tmp_path / "model")
+    _windows(tmp_path / "w", length=120)  # the tiny release's max_seq_len is 128
+    common = ("--model", model, "--windows", tmp_path / "w", "--device", "cpu", "--implementation", "reference",
+              "--trust-remote-code")
+    for kind in ("hidden", "logits"):
+        res = run_fideval("teacher", *common, "--out", tmp_path / kind, "--store", kind)
+        assert res.code == 0, res.stderr
+    h, lg = StoreReader(tmp_path / "hidden"), StoreReader(tmp_path / "logits")
+    block = json.loads(h.meta["head"])
+    assert (block["lm_head"], block["finish"], block["source"]) == ("float32", None, "head.weight (the reference code's)")
+    assert json.loads(h.meta["teacher"])["implementation"] == "reference"
+    for sid in lg.seq_ids:
+        assert h.read(sid)[0].tobytes() == lg.read(sid)[0].tobytes(), sid
 
 
 def test_materialize_writes_the_logit_store_a_logits_run_writes(pair, tmp_path):

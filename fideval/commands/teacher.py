@@ -26,8 +26,7 @@ def teacher(
         "on a GPU), float32 or bf16 (default: config, else auto)")] = None,
     store: Annotated[str | None, typer.Option(
         "--store", help="what the store keeps: hidden (the final norm's output and the head; every reader replays the FP32 "
-        "logits) or logits (the FP32 logits, 517 KB a row at V = 129,280); auto: hidden, logits with the reference code "
-        "(default: config, else auto)")] = None,
+        "logits) or logits (the FP32 logits, 517 KB a row at V = 129,280); auto: hidden (default: config, else auto)")] = None,
     micro_batch: Annotated[int | None, typer.Option(
         "--micro-batch", min=1, help="sequences per attention call (default: config, else auto: 1 on a CPU, sized on a GPU)")] = None,
     mlp_tokens: Annotated[str | None, typer.Option(

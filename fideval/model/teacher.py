@@ -121,8 +121,7 @@ def main(argv=None) -> int:
                     help="the lm head's arithmetic (auto: bf16 products with float32 sums where exact, docs/runner.md)")
     ap.add_argument("--peak-tflops", type=float, help="the GPU's peak for the utilisation figure (default: by its name)")
     ap.add_argument("--store", default="auto", choices=("auto", "hidden", "logits"),
-                    help="what the store keeps: the final norm's output and the head, or the FP32 logits (auto: hidden; "
-                    "logits with the reference code)")
+                    help="what the store keeps: the final norm's output and the head, or the FP32 logits (auto: hidden)")
     ap.add_argument("--routes", action="store_true", help="also record the MoE routes into <out>/routes/ (docs/formats-routes.md)")
     ap.add_argument("--model-id")
     ap.add_argument("--model-revision")

@@ -43,19 +43,13 @@ KINDS = ("windows", "cuts")
 STORES = ("auto", "hidden", "logits")  # what a teacher store keeps (docs/formats-store.md)
 
 
-def store_kind(asked: str, implementation: str) -> str:
+def store_kind(asked: str, implementation: str = "transformers") -> str:
     """The store kind a run writes: ``asked``, or for ``auto`` ``hidden`` (36x smaller at DeepSeek-V3 sizes, no logit
-    read-back), except the reference code's ``logits`` (its head is the vendor driver's own module). An asked-for
-    hidden store with the reference code is one line."""
+    read-back), with either backend (the reference code's head is the vendor's ``F.linear`` in float32, replayed as
+    such)."""
     if asked not in STORES:
         raise FidevalError(f"teacher store {asked!r} is not one of {', '.join(STORES)}", hint="use auto, hidden or logits")
-    if asked == "auto":
-        return "logits" if implementation == "reference" else "hidden"
-    if asked == "hidden" and implementation == "reference":
-        from fideval.model.reference.runner import NOT_HIDDEN, NOT_HIDDEN_HINT
-
-        raise FidevalError(NOT_HIDDEN, hint=NOT_HIDDEN_HINT)
-    return asked
+    return "hidden" if asked == "auto" else asked
 LATE = ("lm_head", "reference_code", "weights")  # known once the runner exists (TeacherPass.start)
 
 
@@ -284,7 +278,7 @@ class TeacherPass:
         self.block, self.meta = store_meta(self.model_dir, ckpt, implementation=implementation, arch=arch, dtype=dtype,
                                            dev=dev, world=self.world, release=release, vocab=vocab, model_id=model_id,
                                            model_revision=model_revision, tokenizer_sha256=win_sha or model_sha,
-                                           store=store, hidden_size=int(self.config.hidden_size) if store == "hidden" else None)
+                                           store=store, hidden_size=_hidden_size(drv, self.config) if store == "hidden" else None)
         self.writer = StoreWriter(self.out, self.meta) if self.rank == 0 else None
         self.seqs = read_checked(self.windows_dir, self.folders, domains, vocab)
         done = {sid for s in self.seqs for sid in s.ids if self.writer.done(sid)} if self.writer is not None else set()
@@ -391,10 +385,11 @@ class TeacherPass:
             self.block["weights"] = runner.weights_description
         self.check_resumed(final=True)
         self.head_weight = self.head_block = None
-        if self.store == "hidden" and self.rank == 0:  # the head as the run applies it, beside the states
-            weight, info = runner.export_head()  # part of the startup: before the timeline starts
-            self.head_block = self.writer.set_head(weight, info)
-            self.head_weight = weight
+        if self.store == "hidden" and (self.rank == 0 or getattr(runner, "head_collective", False)):
+            weight, info = runner.export_head()  # the head as the run applies it; part of the startup
+            if self.writer is not None:
+                self.head_block = self.writer.set_head(weight, info)
+                self.head_weight = weight
         if self.writer is not None:
             self.writer.meta["teacher"] = json.dumps(self.block, sort_keys=True)
             self.writer.meta["settings_sha256"] = settings_fingerprint(self.block)
@@ -469,6 +464,12 @@ class TeacherPass:
             raise FidevalError(f"canary{of} {c.get('seq_id')} in {c['folder']} changed between the start and the end of the "
                                f"run ({c.get('sha256_start', '')[:12]} vs {c.get('sha256_end', '')[:12]})",
                                hint=f"the run is not bit-reproducible on this device; {what} written, the manifest records it")
+
+
+def _hidden_size(drv: Any, config: Any) -> int:
+    """H, the width of a hidden store's rows: the reference driver's own (its config is a plain dict), else the
+    transformers config's."""
+    return int(drv.hidden_size) if drv is not None else int(config.hidden_size)
 
 
 def _shown(v: Any) -> str:

@@ -173,6 +173,10 @@ class StoreWriter:
                 raise FidevalError(f"{self.root}: a hidden store's head is written before its first shard",
                                    hint="this is a bug in the caller (StoreWriter.set_head)")
             lg, dtype = _hidden_numpy(logits, int(self.meta["hidden_size"]), seq_id)
+            said = json.loads(self.meta["head"]).get("hidden_dtype")
+            if {"bfloat16": "BF16", "float16": "F16", "float32": "F32"}.get(said) != dtype:
+                raise FidevalError(f"{seq_id}: hidden states are {dtype}, the store's head block says {said}",
+                                   hint="this is a bug in the runner's export_head; write a logit store meanwhile")
         else:
             lg, dtype = _as_numpy(logits, np.dtype(np.float32), "logits"), "F32"
             if lg.ndim != 2 or lg.shape[1] != self.vocab_size:

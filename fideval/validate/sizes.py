@@ -10,7 +10,7 @@ teacher run a second time, ``results/<run>/teacher-noise/``). Their size follows
 
 ``rows`` = lengths x domains x windows per domain x tokens per window. Their size is printed, and refused when it
 exceeds the free space where they will be written. ``teacher.store: auto`` is the teacher's own choice
-(:func:`fideval.model.teacher_pass.store_kind`: hidden, but logits with the reference code). The token ids, headers
+(:func:`fideval.model.teacher_pass.store_kind`: hidden with either backend). The token ids, headers
 and manifests (a few bytes a row) and the per-token records (a few dozen bytes a row) are not counted.
 """
 
@@ -109,8 +109,7 @@ def head_bytes(probe: Probe) -> tuple[int, str]:
 
 
 def kind(cfg: Config) -> str:
-    """The kind the teacher will write (``teacher.store``, ``auto`` resolved), asked of the teacher stage's own rule;
-    its refusal (a hidden store with the reference code) raises its line."""
+    """The kind the teacher will write (``teacher.store``, ``auto`` resolved), asked of the teacher stage's own rule."""
     from fideval.model.teacher_pass import store_kind
 
     return store_kind(cfg.teacher.store, getattr(cfg.model, "implementation", "transformers"))

@@ -258,6 +258,16 @@ class DeepseekV3Driver:
                 self._head = (self._fill(mod.norm, "norm."), self._fill(mod.head, "head.", torch.float32))
         return self._head
 
+    def head_input(self, state: torch.Tensor) -> torch.Tensor:
+        """What :meth:`finish` hands the head: the final norm's output (a hidden store keeps it)."""
+        norm, _ = self._load_head()
+        with torch.inference_mode(), self._vendor():
+            return norm(state)
+
+    def head_weight(self) -> torch.Tensor:
+        """This rank's rows of the head as :meth:`finish` applies it (float32, the vendor's ``F.linear``)."""
+        return self._load_head()[1].weight
+
     def finish(self, state: torch.Tensor) -> torch.Tensor:
         norm, head = self._load_head()
         with torch.inference_mode(), self._vendor():

@@ -295,6 +295,18 @@ class DeepseekV32Driver:
             mask = torch.full((length, length), float("-inf"), device=self.device).triu_(1) if length > 1 else None
             return module(h, residual, 0, self.freqs_cis(length), mask)
 
+    def head_input(self, state) -> torch.Tensor:
+        """What :meth:`finish` hands the head: the final norm's output (a hidden store keeps it)."""
+        h, residual = state
+        with torch.inference_mode(), default_dtype(self.dtype):
+            self._set_globals()
+            h, _ = self._top_module("norm")(h, residual)
+            return h
+
+    def head_weight(self) -> torch.Tensor:
+        """This rank's rows of the head as :meth:`finish` applies it (float32, the vendor's ``F.linear``)."""
+        return self._top_module("head").weight
+
     def finish(self, state) -> torch.Tensor:
         h, residual = state
         with torch.inference_mode(), default_dtype(self.dtype):

@@ -243,6 +243,16 @@ class DeepseekV41Driver:
                     setattr(sa, k, None)
             return V41State(h, pre_mix, state.hashes if i < self._last_engram else None, shared)
 
+    def head_input(self, state: V41State) -> torch.Tensor:
+        """What :meth:`finish` hands the head: the final norm's output after the hc collapse (a hidden store keeps it)."""
+        with vendor_dtype(), torch.inference_mode():
+            norm, _ = self._resident("_head", self._build_head)
+            return norm(self.m.Block.hc_pre(None, state.h, state.pre_mix))
+
+    def head_weight(self) -> torch.Tensor:
+        """This rank's rows of the head as :meth:`finish` applies it (the vendor's ParallelHead: float32)."""
+        return self._resident("_head", self._build_head)[1].weight
+
     def finish(self, state: V41State) -> torch.Tensor:
         """The last block's hc collapse (``Block.hc_pre`` uses nothing of its block), the final norm, and the
         head in float32 over every position, gathered over ranks by the vendor's ``ParallelHead``."""

@@ -65,12 +65,6 @@ def _family(cfg: dict, folder: Path, trust: bool) -> str:
         return contract.family_of(cfg, load_vendor_code(folder, trust=trust).model)
 
 
-# a hidden store replays the head from the store's head block; the vendor's head is its driver's own module (V4.1's
-# ParallelHead after the hyper-connection collapse), not yet exported as one
-NOT_HIDDEN = "a hidden teacher store is not available with the reference code (its head is the vendor's driver's own)"
-NOT_HIDDEN_HINT = "set teacher.store: logits (or --store logits) with model.implementation: reference"
-
-
 class ReferenceRunner(LayerMajor):
     """One model, one device, optionally one rank of N, run by the vendor's code (``options``: a
     :class:`~fideval.model.runner.RunnerOptions`; its ``code``, ``trust_remote_code`` and ``reference`` fields
@@ -87,8 +81,12 @@ class ReferenceRunner(LayerMajor):
             from fideval.model.execution.head import HINT, NOT_WITH_REFERENCE
 
             raise FidevalError(NOT_WITH_REFERENCE, hint=HINT)
-        if getattr(opts, "output", "logits") != "logits":
-            raise FidevalError(NOT_HIDDEN, hint=NOT_HIDDEN_HINT)
+        self.output = getattr(opts, "output", "logits")
+        if self.output not in ("logits", "hidden"):
+            raise FidevalError(f"runner output {self.output!r} is not logits or hidden", hint="this is a bug in the caller")
+        if self.output == "hidden" and "lm_head" in (opts.act_transform or {}):
+            raise FidevalError("a hidden store cannot keep a run that quantizes the head's activations (its logits are not "
+                               "the head applied to the stored states)", hint="write a logit store for this candidate")
         self.device = resolve_device(opts.device)
         self.dtype = opts.dtype
         self.ckpt = open_weights(weights)
@@ -120,6 +118,28 @@ class ReferenceRunner(LayerMajor):
     def weights_description(self) -> str:
         release = getattr(self.ckpt, "release", None)
         return fp8_release.describe(self.ckpt, release, self.dtype, self.device) + ", in the vendor's reference code"
+
+    @property
+    def head_collective(self) -> bool:
+        """:meth:`export_head` gathers the head's rows over the ranks: every rank must call it."""
+        return self.world > 1
+
+    def export_head(self) -> tuple[torch.Tensor, dict]:
+        """The vendor's head as its ``finish`` applies it -- ``F.linear(x.float(), W)`` with the float32 weight every
+        driver keeps (V3's and V3.2's ColumnParallelLinear, V4.1's ParallelHead) -- its rows gathered over the ranks,
+        on the CPU, and how: a hidden store's head (fideval.store.head), replayed in float32 as the vendor computes it.
+        The states a hidden store keeps are the norm's output in the run's dtype (``head_input``)."""
+        w = self.driver.head_weight().detach()
+        if self.world > 1:
+            import torch.distributed as dist
+
+            parts = [torch.empty_like(w) for _ in range(self.world)]
+            dist.all_gather(parts, w.contiguous(), group=self.group)
+            w = torch.cat(parts, dim=0)
+        w = w.to("cpu", torch.float32)[: self.vocab_size]
+        info = {"lm_head": "float32", "finish": None, "source": "head.weight (the reference code's)", "tied": False,
+                "hidden_dtype": str(self.dtype).removeprefix("torch."), "hidden_size": int(w.shape[1])}
+        return w, info
 
     def provenance(self) -> dict:
         """What the store manifest and report.json record of the code: folder, SHA-256 per file, kernels."""
@@ -172,8 +192,8 @@ class ReferenceRunner(LayerMajor):
                     del layer
                     pf.release()
                 for j, mb in enumerate(mbs):
-                    with mb_part(j), tl.part("head"):
-                        logits = drv.finish(states[j])
+                    with mb_part(j), tl.part("head"):  # a hidden store's: the head's input (replicated over ranks)
+                        logits = drv.head_input(states[j]) if self.output == "hidden" else drv.finish(states[j])
                         states[j] = None
                     for r, row in enumerate(mb):
                         yield j, row, logits[r]
