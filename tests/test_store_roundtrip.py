@@ -73,7 +73,7 @@ def test_roundtrip_bit_identical(tmp_path):
     it.close()
     assert not any(t.name == "fideval-store-prefetch" and t.is_alive() for t in __import__("threading").enumerate())
     m = json.loads((tmp_path / "s" / "manifest.json").read_text())
-    assert m["format"] == "fideval.store" and m["version"] == "1"
+    assert m["format"] == "fideval.store" and m["version"] == "2"
     for sid, e in m["shards"].items():
         p = tmp_path / "s" / e["file"]
         assert e["sha256"] == sha256_file(p) and e["bytes"] == p.stat().st_size and e["rows"] == 12
