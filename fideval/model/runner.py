@@ -29,7 +29,7 @@ from fideval.errors import FidevalError
 from fideval.model.adapters import Adapter, expert_range
 from fideval.model.device import resolve_device
 from fideval.model.execution import determinism, hooks, parallel
-from fideval.model.execution import head as head_math
+from fideval.model.execution.head_loading import HeadLoading
 from fideval.model.execution.prefetch import Ledger, Prefetch
 from fideval.model.execution.throughput import MlpBlocks
 from fideval.model.layer_major import LayerMajor, ModelRunner
@@ -102,7 +102,7 @@ class _Chunk:
     pes: dict | None = None
 
 
-class Runner(LayerMajor):
+class Runner(LayerMajor, HeadLoading):
     """One model, one device, optionally one rank of an N-way model-parallel group (see parallel.py).
 
     ``weights``: the reference checkpoint's folder, or any :class:`WeightSource` (a real quantized build,
@@ -225,97 +225,6 @@ class Runner(LayerMajor):
         if self.options.weight_transform is not None:  # class "embedding": only a gguf_mix spec quantizes it
             w = self.adapter.transform(self.options.weight_transform, "embedding", "model.embed_tokens.weight", w, owned=True)
         return torch.nn.Embedding.from_pretrained(w, freeze=True)
-
-    def _head_weights(self) -> tuple[torch.Tensor, torch.nn.Module]:
-        """This rank's lm head rows in float32 (after the candidate's weight transform) and the final norm."""
-        keys, H = self.adapter.top_keys(), self.adapter.config.hidden_size
-        w = self._read(keys["lm_head"], torch.float32, rows=self.vocab_bounds[self.rank])
-        if w.ndim != 2 or w.shape[1] != H:
-            raise FidevalError(f"{self.ckpt.dir}: {keys['lm_head']} has shape {list(w.shape)}, config.json implies "
-                               f"[{self.vocab_size}, {H}]", hint="the checkpoint does not match config.json")
-        if self.options.weight_transform is not None:
-            w = self.adapter.transform(self.options.weight_transform, "lm_head", "lm_head.weight", w, owned=True)
-        norm_w = self._read(keys["norm"], self.dtype)
-        if tuple(norm_w.shape) != (H,):
-            raise FidevalError(f"{self.ckpt.dir}: model.norm.weight has shape {list(norm_w.shape)}, config.json implies "
-                               f"[{H}]", hint="the checkpoint does not match config.json")
-        return w, self.adapter.final_norm(norm_w)
-
-    def _load_head(self) -> torch.nn.Module:
-        if self.output == "hidden":  # the final norm alone: the head is the store's (export_head), applied on replay
-            mod = torch.nn.Module()
-            mod.norm = self._final_norm()
-            return mod
-        w, norm = self._head_weights()
-        mod = torch.nn.Module()
-        mod.norm = norm
-        if self.head_mode == "bf16":
-            if not head_math.exact(w):  # the mode was chosen on these weights: a transform that is not repeatable
-                raise FidevalError(f"{self.ckpt.dir}: the lm head's weights changed between loads (no longer bfloat16-exact)",
-                                   hint="run with lm head float32")
-            mod.lm_head = head_math.Bf16Head(w.to(torch.bfloat16))
-            return mod
-        mod.lm_head = torch.nn.Linear(w.shape[1], w.shape[0], bias=False, device="meta")
-        mod.lm_head.load_state_dict({"weight": w}, assign=True)
-        return mod
-
-    def _final_norm(self) -> torch.nn.Module:
-        H = self.adapter.config.hidden_size
-        norm_w = self._read(self.adapter.top_keys()["norm"], self.dtype)
-        if tuple(norm_w.shape) != (H,):
-            raise FidevalError(f"{self.ckpt.dir}: model.norm.weight has shape {list(norm_w.shape)}, config.json implies "
-                               f"[{H}]", hint="the checkpoint does not match config.json")
-        return self.adapter.final_norm(norm_w)
-
-    def export_head(self) -> tuple[torch.Tensor, dict]:
-        """The whole lm head as this run applies it (every vocabulary row, after the candidate's weight transform; on the
-        CPU) and how (fideval.store.head's block: the mode, the family's finishing step, the tensor it came from, the
-        final norm's output dtype): what a hidden store keeps beside its states."""
-        keys, H = self.adapter.top_keys(), int(self.adapter.config.hidden_size)
-        w = self.adapter.cast(self.adapter.read(keys["lm_head"], rows=(0, self.vocab_size)), torch.float32)
-        if w.ndim != 2 or tuple(w.shape) != (self.vocab_size, H):
-            raise FidevalError(f"{self.ckpt.dir}: {keys['lm_head']} has shape {list(w.shape)}, config.json implies "
-                               f"[{self.vocab_size}, {H}]", hint="the checkpoint does not match config.json")
-        if self.options.weight_transform is not None:
-            w = self.adapter.transform(self.options.weight_transform, "lm_head", "lm_head.weight", w, owned=True)
-        norm_w = self.adapter.cast(self.adapter.read(keys["norm"]), self.dtype)
-        probe = self.adapter.final_norm(norm_w)(torch.zeros((1, H), dtype=self.dtype))
-        info = {"lm_head": self.head_mode, "finish": self.adapter.head_finish(), "source": keys["lm_head"],
-                "tied": keys["lm_head"] == keys["embed"], "hidden_dtype": str(probe.dtype).removeprefix("torch."),
-                "hidden_size": H}
-        return w, info
-
-    def _choose_head(self) -> str:
-        """The lm head's mode (fideval.model.execution.head): ``options.head`` or, for ``auto``, ``bf16`` where it forms the
-        float32 head's own products, else ``float32``. Under model parallel every rank takes the same mode."""
-        want = self.options.head
-        if want not in head_math.MODES:
-            raise FidevalError(f"lm head mode {want!r} is not known", hint=f"use one of {', '.join(head_math.MODES)}")
-        if want == "float32":
-            return "float32"
-        why = head_math.unusable(self.device, self.dtype, self.act_transform)
-        if why is None:
-            keys, H = self.adapter.top_keys(), int(self.adapter.config.hidden_size)
-            if self.options.weight_transform is None and self.ckpt.info(keys["lm_head"]).dtype == torch.bfloat16:
-                w, norm = None, self.adapter.final_norm(self._read(keys["norm"], self.dtype))  # stored bf16: exact
-            else:  # a transform (or another stored dtype) decides by the values: the head read once here
-                w, norm = self._head_weights()
-            if w is not None and not head_math.exact(w):
-                why = "its weights (after the candidate's transform) are not bfloat16 values"
-            elif norm(torch.zeros((1, H), dtype=self.dtype, device=self.device)).dtype != torch.bfloat16:
-                why = "the final norm does not return bfloat16"
-            if self.device.type == "cuda":
-                torch.cuda.synchronize(self.device)  # the pinned staging of the read is done with
-            del w, norm
-        if self.world > 1:  # one rank's rows may be exact where another's are not
-            import torch.distributed as dist
-
-            flag = torch.tensor([0 if why else 1], device=self.device)
-            dist.all_reduce(flag, op=dist.ReduceOp.MIN, group=self.group)
-            why = why or (None if int(flag) else "another rank's lm head rows are not bfloat16 values")
-        if why and want == "bf16":
-            raise FidevalError(head_math.refusal(why), hint=head_math.HINT)
-        return "float32" if why else "bf16"
 
     def _read(self, key: str, dtype: torch.dtype, rows: tuple[int, int] | None = None) -> torch.Tensor:
         """One tensor onto the device (through pinned memory on a GPU), in ``dtype`` (fp8 dequantized there)."""
