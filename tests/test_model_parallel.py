@@ -25,14 +25,15 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
-def _worker(rank: int, world: int, port: int, folders: list[str], toks: np.ndarray, out: str) -> None:
+def _worker(rank: int, world: int, folders: list[str], toks: np.ndarray, out: str) -> None:
     import torch.distributed as dist
 
     from fideval.model.runner import Ledger, Runner, RunnerOptions
 
     torch.set_num_threads(1)
-    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
-    dist.init_process_group("gloo", rank=rank, world_size=world)
+    # the rendezvous through a file in the test's own folder: a port picked free can be taken by another process
+    # (the SLURM tests' torchrun, gloo's own connections) before the ranks bind it
+    dist.init_process_group("gloo", init_method=f"file://{out}/rendezvous", rank=rank, world_size=world)
     try:
         for j, folder in enumerate(folders):
             ledger = Ledger()
@@ -56,7 +57,7 @@ def test_model_parallel_matches_single_rank(tmp_path, world):
         ledger = Ledger()
         single.append(np.stack([v.numpy() for _, v in sorted(Runner(f, RunnerOptions(micro_batch=2), ledger=ledger).run(toks))]))
         single_peak.append(ledger.largest)
-    mp.start_processes(_worker, args=(world, _free_port(), [str(f) for f in folders], toks, str(tmp_path)),
+    mp.start_processes(_worker, args=(world, [str(f) for f in folders], toks, str(tmp_path)),
                        nprocs=world, join=True, start_method="fork")
     for j, ref in enumerate(single):
         outs = [np.load(tmp_path / f"r{r}-m{j}.npy") for r in range(world)]

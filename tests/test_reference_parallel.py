@@ -24,14 +24,15 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
-def _worker(rank: int, world: int, port: int, folder: str, toks: np.ndarray, out: str) -> None:
+def _worker(rank: int, world: int, folder: str, toks: np.ndarray, out: str) -> None:
     import torch.distributed as dist
 
     from fideval.model.runner import RunnerOptions, make_runner
 
     torch.set_num_threads(1)
-    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
-    dist.init_process_group("gloo", rank=rank, world_size=world)
+    # the rendezvous through a file in the test's own folder: a port picked free can be taken by another process
+    # (the SLURM tests' torchrun, gloo's own connections) before the ranks bind it
+    dist.init_process_group("gloo", init_method=f"file://{out}/rendezvous", rank=rank, world_size=world)
     try:
         opts = RunnerOptions(implementation="reference", trust_remote_code=True, micro_batch=2)
         r = make_runner(folder, opts, rank=rank, world=world, group=dist.group.WORLD)
@@ -68,7 +69,7 @@ def single(tmp_path_factory):
 @pytest.mark.parametrize("world", [2, 4])
 def test_model_parallel_matches_one_rank(single, tmp_path, world):
     folder, toks, ref, largest = single
-    mp.start_processes(_worker, args=(world, _free_port(), str(folder), toks, str(tmp_path)), nprocs=world, join=True,
+    mp.start_processes(_worker, args=(world, str(folder), toks, str(tmp_path)), nprocs=world, join=True,
                        start_method="fork")
     outs = [np.load(tmp_path / f"r{r}.npy") for r in range(world)]
     for o in outs[1:]:

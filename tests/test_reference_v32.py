@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import importlib.util
 import os
-import socket
 import sys
 
 import numpy as np
@@ -273,19 +272,14 @@ def test_bad_input_is_one_line(models, tmp_path):
         d.load_layer(1)
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def _worker(rank: int, world: int, port: int, folder: str, toks: torch.Tensor, out: str, exact: bool) -> None:
+def _worker(rank: int, world: int, folder: str, toks: torch.Tensor, out: str, exact: bool) -> None:
     import torch.distributed as dist
 
     sys.path.insert(0, os.path.dirname(__file__))
     torch.set_num_threads(1)
-    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
-    dist.init_process_group("gloo", rank=rank, world_size=world)
+    # the rendezvous through a file in the test's own folder: a port picked free can be taken by another process
+    # (the SLURM tests' torchrun, gloo's own connections) before the ranks bind it
+    dist.init_process_group("gloo", init_method=f"file://{out}/rendezvous", rank=rank, world_size=world)
     try:
         from pathlib import Path
 
@@ -315,7 +309,7 @@ def test_model_parallel_matches_1(models, tmp_path, monkeypatch, exact, world):
     if exact:
         without_fp8_rounding(d1, monkeypatch.setattr)
     one = _run(d1, toks).numpy()
-    mp.start_processes(_worker, args=(world, _free_port(), str(models["float32"]), toks, str(tmp_path), exact),
+    mp.start_processes(_worker, args=(world, str(models["float32"]), toks, str(tmp_path), exact),
                        nprocs=world, join=True, start_method="spawn")  # fork would inherit this process's group
     r0 = np.load(tmp_path / "r0.npy")
     assert all(np.array_equal(r0, np.load(tmp_path / f"r{r}.npy")) for r in range(1, world))
