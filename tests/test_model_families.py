@@ -207,12 +207,12 @@ def test_model_parallel_two_ranks_match_one(tmp_path):
     held to the throughput test's relative bound, 1e-5 x max |logit| (measured 2.1e-5 at |logit| 6)."""
     import numpy as np
     import torch.multiprocessing as mp
-    from test_model_parallel import BOUND, _free_port, _worker
+    from test_model_parallel import BOUND, _worker
 
     folders = [_build(n, tmp_path / n) for n in MOE_FAMILIES]
     toks = mf.tokens(mf.COMMON["vocab_size"], n=3, length=16)
     single = [np.stack([v.numpy() for _, v in sorted(Runner(f, RunnerOptions(micro_batch=2)).run(toks))]) for f in folders]
-    mp.start_processes(_worker, args=(2, _free_port(), [str(f) for f in folders], toks, str(tmp_path)),
+    mp.start_processes(_worker, args=(2, [str(f) for f in folders], toks, str(tmp_path)),
                        nprocs=2, join=True, start_method="fork")
     for j, ref in enumerate(single):
         a, b = (np.load(tmp_path / f"r{r}-m{j}.npy") for r in range(2))
