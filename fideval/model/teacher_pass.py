@@ -135,20 +135,15 @@ def adopt_head(asked: str, recorded: str | None, where: str) -> str:
 def stored_digest(out: Path, seq_id: str) -> str | None:
     """The digest (fideval.model.execution.determinism.digest) of a finished shard's rows (logits, or a hidden store's
     states): a resumed run's canary compares its recomputation of the first micro-batch with what the first run stored."""
-    import numpy as np
-    import torch
-
     from fideval.model.execution.determinism import digest
-    from fideval.store.shard import read_header, shard_rel
+    from fideval.store.shard import data_rows, read_header, shard_rel
 
     path = out / shard_rel(seq_id)
     try:
         head = read_header(path)
     except FidevalError:
         return None
-    npd, td = {"F32": ("<f4", torch.float32), "BF16": ("<i2", torch.bfloat16), "F16": ("<f2", torch.float16)}[head.dtype]
-    rows = np.fromfile(path, dtype=npd, count=head.rows * head.vocab, offset=head.logits_offset)
-    return digest(torch.from_numpy(rows.reshape(head.rows, head.vocab)).view(td))
+    return digest(data_rows(path, head))
 
 
 def store_meta(model_dir: Path, ckpt, *, implementation: str, arch: str, dtype: str, dev, world: int, release, vocab: int,

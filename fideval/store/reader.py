@@ -35,7 +35,7 @@ from fideval.errors import FidevalError
 from fideval.fsio import safe_join, sha256_file
 from fideval.store import manifest as mf
 from fideval.store.pinned import HostBuffers
-from fideval.store.shard import ShardHeader, parse_header, read_header
+from fideval.store.shard import ShardHeader, data_rows, parse_header, read_header
 
 _CHUNK = 1 << 24
 _END = object()
@@ -162,22 +162,13 @@ class StoreReader:
     def read_hidden(self, seq_id: str) -> tuple[Any, np.ndarray]:
         """A hidden store's shard: (the final norm's output, a torch tensor [rows, H] in its stored dtype over a
         read-only memory map, token_ids int32 [L]); hash checked on first read."""
-        import torch
-
-        from fideval.store.feed import mapped_tensor
-
         if self.kind != "hidden":
             raise FidevalError(f"{self.root} is a {self.kind} store, not a hidden one", hint="read its logits with read()")
         path = self.path(seq_id)
         self._check_hash(seq_id, path)
         head = read_header(path, self.entry(seq_id)["file"])
         self._check_head(seq_id, head)
-        npd, td = {"BF16": ("<i2", torch.bfloat16), "F16": ("<f2", torch.float16), "F32": ("<f4", torch.float32)}[head.dtype]
-        if head.rows:
-            arr = np.memmap(path, dtype=npd, mode="r", offset=head.logits_offset, shape=(head.rows, head.vocab))
-            hidden = mapped_tensor(arr).view(td)
-        else:
-            hidden = torch.empty((0, head.vocab), dtype=td)
+        hidden = data_rows(path, head)
         return hidden, self.token_ids(seq_id)
 
     def token_ids(self, seq_id: str) -> np.ndarray:

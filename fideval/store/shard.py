@@ -34,6 +34,10 @@ KINDS = ("logits", "logprobs", "hidden")
 # per shard format: its data tensor's name and the dtypes it may hold (safetensors names); bytes per value
 TENSORS = {FORMAT: ("logits", ("F32",)), HIDDEN_FORMAT: ("hidden", ("BF16", "F16", "F32"))}
 ITEMSIZE = {"F32": 4, "BF16": 2, "F16": 2}
+# a data tensor's safetensors dtype -> (the numpy dtype its bytes are read and written as, the torch dtype they are);
+# bfloat16 has no numpy dtype: its 16 bits travel as int16 and are viewed back
+DATA_DTYPES = {"F32": ("<f4", "float32"), "BF16": ("<i2", "bfloat16"), "F16": ("<f2", "float16")}
+SAFETENSORS_NAME = {torch_name: st for st, (_, torch_name) in DATA_DTYPES.items()}
 # Metadata every shard carries (strings, as safetensors requires); the store's meta is copied into each shard
 # so a shard separated from its manifest still says what produced it.
 REQUIRED_META = ("format", "version", "seq_id", "window_id", "domain", "model_id", "model_revision",
@@ -163,6 +167,21 @@ def parse_header(prefix: bytes | memoryview, file_bytes: int, name: str) -> Shar
     return ShardHeader(meta=meta, rows=rows, vocab=vocab, length=length, row_start=row_start,
                        logits_offset=header[tensor].start, token_ids_offset=header["token_ids"].start,
                        file_bytes=file_bytes, tensor=tensor, dtype=header[tensor].dtype)
+
+
+def data_rows(path: Path, head: ShardHeader):
+    """A shard's data tensor (logits or hidden states) as a torch tensor in its own dtype over a read-only memory map of
+    the file (no host memory until rows are touched), at the offsets ``head`` (its checked header) gives."""
+    import torch
+
+    from fideval.store.feed import mapped_tensor
+
+    npd, name = DATA_DTYPES[head.dtype]
+    dtype = getattr(torch, name)
+    if not head.rows:
+        return torch.empty((0, head.vocab), dtype=dtype)
+    arr = np.memmap(path, dtype=npd, mode="r", offset=head.logits_offset, shape=(head.rows, head.vocab))
+    return mapped_tensor(arr).view(dtype)
 
 
 def read_header(path: Path, name: str | None = None) -> ShardHeader:

@@ -21,7 +21,7 @@ from fideval.formats.store import settings_fingerprint
 from fideval.fsio import sha256_file
 from fideval.store import manifest as mf
 from fideval.store.reader import StoreReader
-from fideval.store.shard import read_header
+from fideval.store.shard import data_rows, read_header
 
 _ROWS_PER_SCAN = 256
 
@@ -70,11 +70,9 @@ def verify_store(root: str | Path) -> tuple[list[str], dict[str, int]]:
         if head.rows:
             import torch
 
-            npd, td = {"F32": ("<f4", torch.float32), "BF16": ("<i2", torch.bfloat16), "F16": ("<f2", torch.float16)}[head.dtype]
-            data = np.memmap(path, dtype=npd, mode="r", offset=head.logits_offset, shape=(head.rows, head.vocab))
+            data = data_rows(path, head)
             bad_rows = [a + int(r) for a in range(0, head.rows, _ROWS_PER_SCAN)
-                        for r in torch.nonzero(~torch.isfinite(torch.from_numpy(np.array(data[a:a + _ROWS_PER_SCAN])).view(td))
-                                               .all(dim=1)).flatten().tolist()]
+                        for r in torch.nonzero(~torch.isfinite(data[a:a + _ROWS_PER_SCAN]).all(dim=1)).flatten().tolist()]
             del data
             if bad_rows:
                 problems.append(f"shard {name}: {len(bad_rows)} rows hold NaN or inf (first: row {bad_rows[0]})")

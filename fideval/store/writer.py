@@ -35,11 +35,19 @@ import numpy as np
 from fideval.errors import FidevalError
 from fideval.fsio import sha256_file, write_json
 from fideval.store import manifest as mf
-from fideval.store.shard import FORMAT, HIDDEN_FORMAT, VERSION, check_seq_id, read_header, shard_rel, write_shard
+from fideval.store.shard import (
+    DATA_DTYPES,
+    FORMAT,
+    HIDDEN_FORMAT,
+    SAFETENSORS_NAME,
+    VERSION,
+    check_seq_id,
+    read_header,
+    shard_rel,
+    write_shard,
+)
 
 _IDENTITY = ("model_id", "model_revision", "tokenizer_sha256", "vocab_size", "kind")
-# torch dtype name -> (safetensors dtype, the numpy dtype its bytes are handed over as)
-_HIDDEN = {"bfloat16": ("BF16", "<i2"), "float16": ("F16", "<f2"), "float32": ("F32", "<f4")}
 
 
 def _hidden_numpy(x: Any, width: int, what: str) -> tuple[np.ndarray, str]:
@@ -49,7 +57,7 @@ def _hidden_numpy(x: Any, width: int, what: str) -> tuple[np.ndarray, str]:
 
     t = x.detach() if hasattr(x, "detach") else torch.from_numpy(np.ascontiguousarray(x))
     name = str(t.dtype).removeprefix("torch.")
-    if name not in _HIDDEN:
+    if name not in SAFETENSORS_NAME:
         raise FidevalError(f"{what}: hidden states are {name}, a hidden store keeps bfloat16, float16 or float32",
                            hint="compute the teacher in float32 or bfloat16")
     if t.ndim != 2 or t.shape[1] != width:
@@ -60,7 +68,8 @@ def _hidden_numpy(x: Any, width: int, what: str) -> tuple[np.ndarray, str]:
         bad = torch.nonzero(~finite).flatten().tolist()
         raise FidevalError(f"{what}: {len(bad)} hidden-state rows hold NaN or inf (first: row {bad[0]})",
                            hint="the teacher run is broken; check its dtype and inputs")
-    st, npd = _HIDDEN[name]
+    st = SAFETENSORS_NAME[name]
+    npd = DATA_DTYPES[st][0]
     t = t.to("cpu").contiguous()
     arr = (t.view(torch.int16) if name == "bfloat16" else t).numpy()
     return np.ascontiguousarray(arr.astype(np.dtype(npd), copy=False)), st
@@ -174,7 +183,7 @@ class StoreWriter:
                                    hint="this is a bug in the caller (StoreWriter.set_head)")
             lg, dtype = _hidden_numpy(logits, int(self.meta["hidden_size"]), seq_id)
             said = json.loads(self.meta["head"]).get("hidden_dtype")
-            if {"bfloat16": "BF16", "float16": "F16", "float32": "F32"}.get(said) != dtype:
+            if SAFETENSORS_NAME.get(said) != dtype:
                 raise FidevalError(f"{seq_id}: hidden states are {dtype}, the store's head block says {said}",
                                    hint="this is a bug in the runner's export_head; write a logit store meanwhile")
         else:
