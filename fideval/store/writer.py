@@ -162,7 +162,7 @@ class StoreWriter:
         if old is not None and old.get("weight_sha256") != digest:
             raise FidevalError(f"{self.root} holds shards computed with lm head {str(old.get('weight_sha256'))[:12]}…, this "
                                f"run's head is {digest[:12]}…", hint="write a new store (one store holds one teacher)")
-        block = head_file.write(self.root, w, info)
+        block = head_file.write(self.root, w, info, digest)  # w is already the stored form: its digest stands
         self.meta["head"] = json.dumps(block, sort_keys=True)
         return block
 
