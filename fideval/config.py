@@ -106,6 +106,10 @@ class ModelRef(Strict):
         "code (DeepSeek's inference/model.py, layer by layer; needs trust_remote_code; docs/runner.md)")
     code: str = Field("inference", description="the reference code's folder (with model.py): relative to the model "
                       "folder, or an absolute path; read only with implementation: reference")
+    reference_experts: Literal["vendor", "grouped"] = Field(
+        "vendor", description="the reference code's routed experts: vendor, its MoE's own loop over experts; grouped, "
+        "tokens sorted by expert and one GEMM per projection over all of them, with the vendor's router, weights, "
+        "activation quantization and SwiGLU (docs/runner.md, 'Grouped experts'); read only with implementation: reference")
 
     @model_validator(mode="after")
     def _reference_needs_trust(self) -> "ModelRef":
@@ -218,6 +222,12 @@ class Candidate(Strict):
                     "'llamacpp' (GGUF candidates: a .gguf checkpoint or gguf_mix) rounds each quantized linear's input as "
                     "llama.cpp's CPU backend does for the tensor's GGML type (Q8_0/Q8_1/Q8_K/F16; docs/quant.md)",
     )
+
+    routing: Literal["off", "record", "decompose"] = Field(
+        "off", description="routing fidelity of a mixture-of-experts build (docs/formats-routes.md): 'record' records the "
+        "teacher's and this candidate's routed experts per MoE layer and position and reports how often they agree; "
+        "'decompose' also runs each path again with the teacher's routes forced into the candidate's MoE layers "
+        "(path '<path>+teacher-routes'): its KLD is the expert arithmetic's share, the rest is routing's")
 
     @model_validator(mode="after")
     def _one_source(self) -> "Candidate":

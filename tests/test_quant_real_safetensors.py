@@ -111,7 +111,7 @@ def test_compressed_tensors_nvfp4_equals_emulation_on_both_paths(qwen3_moe):
     assert torch.equal(real, emu)
     plain = _logits(ref)
     assert (real - plain).abs().max() > 1e-3  # the quantization is really there
-    from fideval.score.candidate import checkpoint_hooks
+    from fideval.score.hooks_of import checkpoint_hooks
 
     real_s = _logits(ref, ckpt=ckpt, serving=True, act=checkpoint_hooks(ckpt, "serving"))
     emu_s = _logits(ref, spec=spec, serving=True)

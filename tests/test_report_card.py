@@ -12,7 +12,7 @@ import synthetic as syn  # tests/synthetic.py
 import yaml
 from cli_runner import run_fideval
 
-Q4_INFO = {  # score.json's candidate_info of an emulated candidate (fideval.score.candidate._emulated)
+Q4_INFO = {  # score.json's candidate_info of an emulated candidate (fideval.score.hooks_of._emulated)
     "model_id": "fideval/demo-moe", "model_revision": "0" * 40, "source": "emulated",
     "quant": {"routed_experts": {"format": "mxfp4", "recipe": "rceil"}},
     "bits_per_weight": {"per_class": {"routed_experts": {"bpw": 4.25}, "lm_head": {"bpw": 16.0}},

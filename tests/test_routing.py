@@ -87,16 +87,18 @@ def test_recorded_routes_are_the_family_routers(run):
     shards = json.dumps(manifest)
     for row, sid in enumerate(run["ids"]):
         r = rf.read_sequence(d / f"{sid}.safetensors")
-        assert r["seq_id"] == sid and r["ids"].dtype == np.int16 and r["weights"].dtype == np.float16
+        # float32 run: the weights are kept as the experts took them (float32), widened to float32 when read
+        assert r["seq_id"] == sid and r["ids"].dtype == np.int16 and r["weights_dtype"] == "float32" and r["version"] == 2
         assert index["sequences"][sid]["sha256"] == _sha(d / f"{sid}.safetensors")
         assert index["shards"][sid] in shards  # the shard it belongs to, as the manifest names it
         for j, layer in enumerate(r["layers"]):
             ids, w = oracle[layer]
             np.testing.assert_array_equal(r["ids"][j], ids[row].astype(np.int16))
-            np.testing.assert_array_equal(r["weights"][j], w[row].astype(np.float16))
+            # the oracle's batch of 8 against the runner's micro-batches of 3: float32 sums a few ulp apart
+            np.testing.assert_allclose(r["weights"][j], w[row].astype(np.float32), rtol=2e-6, atol=0)
     if run["fam"] == "deepseek_v3":  # the scaled weights: normalised to 1 then x routed_scaling_factor 2.5
         w = np.stack([rf.read_sequence(d / f"{s}.safetensors")["weights"] for s in run["ids"]]).astype(np.float64)
-        np.testing.assert_allclose(w.sum(-1), 2.5, rtol=2e-3)
+        np.testing.assert_allclose(w.sum(-1), 2.5, rtol=1e-6)
 
 
 def test_the_switch_changes_no_byte(run):
@@ -175,9 +177,6 @@ def test_refusals_are_one_line(run, tmp_path):
     t = run["tmp"] / "on" / "teacher"
     res = run_fideval("score", "--candidate", str(t), "--teacher", t, "--out", tmp_path / "x", "--routes")
     assert res.code == 2 and "--routes records a model run's routes" in res.stderr and len(res.stderr.strip().splitlines()) == 1
-    res = run_fideval("teacher", "--config", run["cfg"], "--windows", run["tokens"], "--out", tmp_path / "t", "--routes",
-                      "--mlp-tokens", "16")
-    assert res.code == 2 and "--mlp-tokens off" in res.stderr and len(res.stderr.strip().splitlines()) == 1
     res = run_fideval("routes", "--teacher", t, "--candidate", run["tmp"] / "off" / "records", "--out", tmp_path / "r.json")
     assert res.code == 2 and "no routes" in res.stderr and len(res.stderr.strip().splitlines()) == 1
     with pytest.raises(FidevalError, match="no routed experts"):

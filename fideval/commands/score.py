@@ -18,7 +18,8 @@ def score(
     config: Annotated[Path | None, options.config(
         "run the config's candidate through the layer-by-layer runner instead of reading a store")] = None,
     name: Annotated[str | None, typer.Option("--name", help="candidate name in the records (default: the store's folder name)")] = None,
-    path: Annotated[str, typer.Option("--path", help="records 'path' column: serving, weights-only or store")] = "store",
+    path: Annotated[str, typer.Option("--path", help="records 'path' column: serving, weights-only, llamacpp or store; with "
+                                      "--config, P+teacher-routes is path P with --teacher-routes")] = "store",
     self_check: Annotated[bool, typer.Option(
         "--self-check", help="first score the teacher against itself (must be exactly 0 KLD, 100 % top-1); alone, that is the run",
     )] = False,
@@ -38,6 +39,10 @@ def score(
     routes: Annotated[bool, typer.Option(
         "--routes", help="also record the config candidate's routed experts and weights per MoE layer and position into "
         "<out>/routes/ (docs/formats-routes.md; records unchanged)")] = False,
+    teacher_routes: Annotated[bool, typer.Option(
+        "--teacher-routes", help="the route-controlled run: the config candidate's MoE layers take the routes recorded "
+        "beside --teacher (fideval teacher --routes) instead of their own router's; its KLD is the expert arithmetic's "
+        "share (docs/formats-routes.md)")] = False,
     head_from: Annotated[str | None, typer.Option(
         "--head-from", help="a hidden teacher store published without its head.safetensors: the model folder (or hf://ORG/NAME) "
         "to take the lm head from, checked against the store's digest")] = None,
@@ -59,6 +64,13 @@ def score(
                                 peak_tflops=peak_tflops)
     from fideval.timing.accounting import line
 
+    if cfg is not None:  # the config's routing: the routes recorded, or the route-controlled run asked by its path
+        from fideval.score.route_control import SUFFIX
+
+        if path.endswith(SUFFIX):
+            path, teacher_routes = path.removesuffix(SUFFIX), True
+        chosen = next((c for c in cfg.candidates if c.name == candidate), None)
+        routes = routes or (chosen is not None and chosen.routing != "off" and not teacher_routes)
     for d in _domains(domain, teacher, out, candidate if cfg is None else None):  # [None]: the one run
         def at(x, d=d):
             return x if d is None or x is None else type(x)(str(x).replace(PER_DOMAIN, d))
@@ -66,7 +78,7 @@ def score(
         t_spec, d_out = at(teacher), at(out)
         t = open_store(t_spec, head_from)
         cand = select(t, candidate if cfg is not None else at(candidate), path, settings, cfg=cfg, name=name, self_check=self_check,
-                      routes=Path(d_out) if routes else None)
+                      routes=Path(d_out) if routes else None, force_routes=Path(t_spec) if teacher_routes else None)
         if os.environ.get("RANK", "0") != "0":  # under torchrun rank 0 alone scores, writes and holds the lock
             score_candidate(t, cand, d_out, settings, teacher_spec=t_spec)
             continue

@@ -44,9 +44,12 @@ def teacher(
         "--code", help="the reference code's folder, relative to the model or absolute (default: config, else inference)")] = None,
     trust_remote_code: Annotated[bool | None, typer.Option(
         "--trust-remote-code/--no-trust-remote-code", help="run the model repo's code (needed by --implementation reference)")] = None,
+    reference_experts: Annotated[str | None, typer.Option(
+        "--reference-experts", help="the reference code's routed experts: vendor (its loop) or grouped (one GEMM per "
+        "projection; default: config, else vendor)")] = None,
     routes: Annotated[bool, typer.Option(
         "--routes", help="also record every MoE layer's routed experts and weights per position into <store>/routes/ "
-        "(docs/formats-routes.md; the shards are unchanged; needs --mlp-tokens off)")] = False,
+        "(docs/formats-routes.md; the shards are unchanged); on with --config when a candidate's routing is not off")] = False,
 ) -> None:
     """Run the reference model layer by layer and store, for every position, the final norm's output (replayed into
     float32 logits by every reader) or the float32 logits themselves.
@@ -65,7 +68,7 @@ def teacher(
     args = _settings(config, model=model, model_id=model_id, model_revision=model_revision, device=device,
                      dtype=dtype, micro_batch=micro_batch, mlp_tokens=mlp_tokens, chunk_bytes=chunk_bytes,
                      implementation=implementation, code=code, trust_remote_code=trust_remote_code, lm_head=lm_head,
-                     store=store)
+                     store=store, reference_experts=reference_experts)
     from fideval.model.teacher_pass import store_kind
 
     args["store"] = store_kind(args.get("store", "auto"), args.get("implementation", "transformers"))  # before any file
@@ -140,8 +143,11 @@ def _settings(config: Path | None, **given) -> dict:
         files = locate(cfg.model.path, cfg.model.revision) if "model" not in got else None
         base = {"model_id": cfg.model.id, "implementation": cfg.model.implementation, "code": cfg.model.code,
                 "trust_remote_code": cfg.model.trust_remote_code, "device": cfg.teacher.device, "dtype": cfg.teacher.dtype,
+                "reference_experts": cfg.model.reference_experts,
                 "micro_batch": cfg.teacher.micro_batch, "mlp_tokens": cfg.teacher.mlp_tokens, "chunk_bytes": cfg.teacher.chunk_bytes,
-                "lm_head": cfg.teacher.lm_head, "store": cfg.teacher.store}
+                "lm_head": cfg.teacher.lm_head, "store": cfg.teacher.store,
+                # a candidate's routing (record or decompose) needs the teacher's routes
+                "routes": True if any(c.routing != "off" for c in cfg.candidates) else None}
         if files is not None:
             base.update(model=files.folder, model_revision=files.revision or cfg.model.revision)
         else:

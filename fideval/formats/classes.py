@@ -67,10 +67,9 @@ class TokenClasses:
 
 def _bytes(classes: np.ndarray, meta: dict[str, str]) -> bytes:
     arr = np.ascontiguousarray(classes, dtype="<i4")
-    header = {"__metadata__": meta, "classes": {"dtype": "I32", "shape": list(arr.shape), "data_offsets": [0, arr.nbytes]}}
-    raw = json.dumps(header, separators=(",", ":"), sort_keys=True).encode("utf-8")
-    raw += b" " * (-(8 + len(raw)) % 8)
-    return len(raw).to_bytes(8, "little") + raw + arr.tobytes()
+    from fideval.formats.safetensors import sorted_header
+
+    return sorted_header({"classes": ("I32", list(arr.shape), arr.nbytes)}, meta) + arr.tobytes()
 
 
 def encode(tc: TokenClasses) -> bytes:

@@ -136,3 +136,37 @@ def folder_shapes(folder: Path) -> dict[str, tuple[tuple[int, ...], str]]:
                                hint="the file is truncated or not safetensors; re-download the checkpoint") from None
         out.update({k: (e.shape, e.dtype) for k, e in header.tensors.items()})
     return out
+
+
+TORCH_CODES = {"float64": "F64", "float32": "F32", "bfloat16": "BF16", "float16": "F16", "int64": "I64", "int32": "I32",
+               "int16": "I16", "int8": "I8", "uint8": "U8", "bool": "BOOL"}
+
+
+def sorted_header(entries: dict[str, tuple[str, list[int], int]], meta: dict[str, str] | None) -> bytes:
+    """A safetensors file's first bytes (the 8-byte length and the JSON header) for tensors laid out one after
+    another in ``entries``' order (name -> (dtype code, shape, byte count)), with every key sorted: the same content
+    gives the same bytes in every process (the safetensors library writes its metadata in hash-map order)."""
+    header: dict[str, object] = {"__metadata__": dict(meta)} if meta else {}
+    at = 0
+    for name, (code, shape, n) in entries.items():
+        header[name] = {"dtype": code, "shape": list(shape), "data_offsets": [at, at + n]}
+        at += n
+    raw = json.dumps(header, separators=(",", ":"), sort_keys=True).encode("utf-8")
+    raw += b" " * (-(8 + len(raw)) % 8)
+    return len(raw).to_bytes(8, "little") + raw
+
+
+def encode(tensors: dict, meta: dict[str, str] | None = None) -> bytes:
+    """A small safetensors file's bytes (CPU torch tensors, little-endian) with :func:`sorted_header`."""
+    import numpy as np
+    import torch
+
+    entries, blobs = {}, []
+    for name, t in tensors.items():
+        t = t.detach().cpu().contiguous()
+        code = TORCH_CODES[str(t.dtype).removeprefix("torch.")]
+        arr = (t.view(torch.int16) if t.dtype == torch.bfloat16 else t).numpy()
+        blob = np.ascontiguousarray(arr.astype(arr.dtype.newbyteorder("<"), copy=False)).tobytes()
+        entries[name] = (code, list(t.shape), len(blob))
+        blobs.append(blob)
+    return sorted_header(entries, meta) + b"".join(blobs)

@@ -21,6 +21,7 @@ from collections.abc import Callable, Iterator
 from contextlib import nullcontext
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import torch
@@ -61,9 +62,13 @@ class RunnerOptions:
     ``trust_remote_code``; ``reference``: the family driver's own options, e.g. ``{"gemm_impl": "fp8"}``);
     ``head``: the lm head's arithmetic, ``auto`` | ``float32`` | ``bf16`` (fideval.model.execution.head);
     ``routes``: record every MoE layer's routed expert ids and weights per position (``Runner.routes``,
-    fideval.model.routes; bits unchanged; needs ``mlp_tokens`` None);
+    fideval.model.routes; bits unchanged; the throughput mode's blocks too); ``force_routes``: a route source
+    (fideval.model.routes.FileRoutes / RecordedRoutes, by the runner's rows) whose routes the experts take instead
+    of their router's (the route-controlled run);
     ``output``: ``logits`` (float32 ``[L, V]`` per sequence) or ``hidden`` (the final norm's output ``[L, H]`` in the
-    layers' dtype, for a hidden store: the head is not loaded, :meth:`Runner.export_head` gives it once)."""
+    layers' dtype, for a hidden store: the head is not loaded, :meth:`Runner.export_head` gives it once);
+    ``reference_experts``: the reference code's routed experts, ``vendor`` (its per-expert loop) or ``grouped``
+    (one GEMM per projection, fideval.model.reference.grouped_experts)."""
 
     device: str | torch.device = "cpu"
     dtype: torch.dtype = torch.float32
@@ -84,7 +89,9 @@ class RunnerOptions:
     reference: dict | None = None
     head: str = "auto"
     routes: bool = False
+    force_routes: Any = None
     output: str = "logits"
+    reference_experts: str = "vendor"
 
 
 @dataclass
@@ -153,14 +160,24 @@ class Runner(LayerMajor, HeadLoading):
         if opts.routes:
             from fideval.model.routes import RouteRecorder
 
-            if opts.mlp_tokens:
-                raise FidevalError("recording routes needs whole layers per micro-batch, not the throughput mode's MLP token "
-                                   "blocks", hint="run with --mlp-tokens off")
             if not self.experts:
                 raise FidevalError(f"{self.ckpt.dir}: the model has no routed experts: there are no routes to record",
                                    hint="record routes of a mixture-of-experts model only")
             a = self.adapter
             self.routes = RouteRecorder(a.n_routed_experts(a.meta_layer(min(self.experts), self.dtype)))
+        self.forcer = None
+        if opts.force_routes is not None:
+            from fideval.model.routes import RouteForcer
+
+            if not self.experts:
+                raise FidevalError(f"{self.ckpt.dir}: the model has no routed experts: there are no routes to force",
+                                   hint="force routes into a mixture-of-experts model only")
+            from fideval.model.routes import check_source
+
+            a = self.adapter
+            check_source(opts.force_routes, sorted(self.experts), a.n_routed_experts(a.meta_layer(min(self.experts), self.dtype)),
+                         getattr(a.config, "num_experts_per_tok", None))
+            self.forcer = RouteForcer(opts.force_routes)
 
     @property
     def vocab_size(self) -> int:
@@ -208,7 +225,8 @@ class Runner(LayerMajor, HeadLoading):
                     tensors = {n: t.clone() if own and isinstance(t, torch.Tensor) else t for n, t in stored.items()}
                 mod = self.adapter.materialize(i, layer, tensors, self.dtype, ex, self.options.weight_transform)
                 del tensors
-                hooks.install(mod, i, self.act_transform, ex, self.world, self.group, self._lean_path(), record=self.routes)
+                hooks.install(mod, i, self.act_transform, ex, self.world, self.group, self._lean_path(), record=self.routes,
+                              force=self.forcer)
             mod.requires_grad_(False)
             if self.side is not None:
                 ev = torch.cuda.Event()
@@ -282,6 +300,8 @@ class Runner(LayerMajor, HeadLoading):
         n_tok = sum(len(mb) for mb in mbs) * L
         if self.routes is not None:
             self.routes.reset()
+        if self.forcer is not None:
+            self.forcer.reset()
         on_dev = self.device.type == "cpu" or n_tok * H * torch.empty((), dtype=self.dtype).element_size() <= (self.device_budget or 0)
         return _Chunk(tokens, mbs, set(solo), canary, on_dev)
 
@@ -324,6 +344,8 @@ class Runner(LayerMajor, HeadLoading):
                         c.masks[x.shape[0]] = self.adapter.masks(x, pos)
                 if self.routes is not None:  # the canary's second pass is not recorded again
                     self.routes.current = None if j == c.canary else (c.mbs[j], c.tokens.shape[1])
+                if self.forcer is not None:  # ... but it is forced again, as its first pass was
+                    self.forcer.current = (c.mbs[j], c.tokens.shape[1])
                 if phased:
                     y = self.blocks.attention_half(layer, x, c.masks[x.shape[0]][kind], pos, c.pes[kind])
                 else:
@@ -337,8 +359,22 @@ class Runner(LayerMajor, HeadLoading):
                     del x, y
         if self.routes is not None:
             self.routes.current = None
+        if self.forcer is not None:
+            self.forcer.current = None
         if phased:
-            self.blocks.mlp_half(layer, c.states, c.on_dev, c.solo, c.canary)
+            at = self._routes_at(c) if self.routes is not None or self.forcer is not None else None
+            self.blocks.mlp_half(layer, c.states, c.on_dev, c.solo, c.canary, at=at)
+
+    def _routes_at(self, c: _Chunk) -> Callable[[list[int] | None], None]:
+        """The throughput mode's blocks join whole micro-batches: a block's rows are theirs, in order (the canary's
+        block, a block of its own, is forced again but not recorded again)."""
+        def at(g: list[int] | None) -> None:
+            cur = None if g is None else ([r for k in g for r in c.mbs[k]], c.tokens.shape[1])
+            if self.routes is not None:
+                self.routes.current = None if g is not None and c.canary in g else cur
+            if self.forcer is not None:
+                self.forcer.current = cur
+        return at
 
     def head_step(self, c: _Chunk, head: torch.nn.Module, j: int) -> torch.Tensor:
         """Micro-batch ``j``'s float32 logits ``[m, L, V]``; its hidden state is dropped."""
@@ -398,10 +434,6 @@ def make_runner(weights: WeightSource | str | Path, options: RunnerOptions, **kw
     """The runner ``options.implementation`` names: :class:`Runner` (transformers) or the reference code's."""
     if options.implementation == "reference":
         from fideval.model.reference.runner import ReferenceRunner
-
-        if options.routes:
-            raise FidevalError("recording routes is not built for model.implementation reference (the vendor's code)",
-                               hint="record routes with the transformers implementation")
 
         return ReferenceRunner(weights, options, **kw)
     if options.implementation != "transformers":

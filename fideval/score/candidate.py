@@ -31,7 +31,6 @@ from fideval.errors import FidevalError
 from fideval.formats import nesting
 
 if TYPE_CHECKING:
-    from fideval.config import Candidate as CandidateConfig
     from fideval.config import Config
     from fideval.model_source import ModelFiles
     from fideval.score.run import ScoreSettings
@@ -164,13 +163,15 @@ def run_options(files: Any, seqs: Any, settings: dict[str, Any], device: str,
 
 def _model_run(files: ModelFiles, teacher: StoreReader, settings: dict[str, Any], device: str, checkpoint: Any = None,
                timeline: Any = None, skip: set[str] | None = None, backend: dict[str, Any] | None = None,
-               routes: Path | None = None, **transforms: Any) -> tuple[Iterator[CandidateShard], float, dict[str, Any]]:
+               routes: Path | None = None, force: Any = None,
+               **transforms: Any) -> tuple[Iterator[CandidateShard], float, dict[str, Any]]:
     """The runner over the teacher's sequences, with the teacher's settings; ``checkpoint`` (a real build)
     stands in for the reference's weights, ``transforms`` are RunnerOptions' weight/act transforms; the
     sequences in ``skip`` when the run starts are not yielded (nor computed, chunk by chunk); ``backend``:
     RunnerOptions' ``implementation``/``code``/``trust_remote_code`` (the config's model section). Returns the
     shards, the model FLOPs per token and the settings as run (with the reference code's provenance). ``routes``: a
-    folder whose routes/ each sequence's routes are written into (fideval.formats.routes) as its shard is taken."""
+    folder whose routes/ each sequence's routes are written into (fideval.formats.routes) as its shard is taken;
+    ``force``: the route source the experts take their routes from (fideval.score.route_control)."""
     from fideval.model.device import resolve_device
     from fideval.model.execution import parallel
     from fideval.model.flops import flops_per_token
@@ -178,7 +179,7 @@ def _model_run(files: ModelFiles, teacher: StoreReader, settings: dict[str, Any]
 
     seqs = teacher_sequences(teacher)
     fields, config = run_options(files, seqs, settings, device, backend)
-    opts = RunnerOptions(**fields, **transforms, **(backend or {}), routes=routes is not None)
+    opts = RunnerOptions(**fields, **transforms, **(backend or {}), routes=routes is not None, force_routes=force)
     weights = checkpoint if checkpoint is not None else files.folder
     ran = {"dtype": settings["dtype"], "micro_batch": opts.micro_batch, "mlp_tokens": opts.mlp_tokens,
            "chunk_bytes": opts.host_budget_bytes}
@@ -206,10 +207,12 @@ def _model_run(files: ModelFiles, teacher: StoreReader, settings: dict[str, Any]
     return (CandidateShard(sid, x) for sid, x in logits), flops_per_token(config, seqs.tokens.shape[1])["total"], ran
 
 
-def from_config(cfg: Config, name: str, path: str, teacher: StoreReader, device: str, routes: Path | None = None) -> Candidate:
+def from_config(cfg: Config, name: str, path: str, teacher: StoreReader, device: str, routes: Path | None = None,
+                force_routes: Path | None = None) -> Candidate:
     """Candidate ``name`` of ``cfg`` on ``path`` (serving, weights-only or llamacpp), run over the teacher's sequences
     with the teacher's settings (:func:`teacher_settings`): its ``checkpoint:`` (a real build) when it names
-    one, else its ``quant:`` spec emulated on the reference checkpoint."""
+    one, else its ``quant:`` spec emulated on the reference checkpoint. ``force_routes``: the teacher store whose
+    recorded routes the candidate's MoE layers take (the route-controlled run, fideval.score.route_control)."""
     from fideval.model_source import locate
 
     by_name = {c.name: c for c in cfg.candidates}
@@ -223,166 +226,27 @@ def from_config(cfg: Config, name: str, path: str, teacher: StoreReader, device:
 
     files = locate(cfg.model.path, cfg.model.revision)
     settings = teacher_settings(cfg, teacher, files)
+    from fideval.score.hooks_of import describe
+
     hooks, info = describe(cfg, cand, path, files)
     timeline = Timeline(resolve_device(device))
     skip: set[str] = set()
     backend = {"implementation": cfg.model.implementation, "code": cfg.model.code,
-               "trust_remote_code": cfg.model.trust_remote_code}
+               "trust_remote_code": cfg.model.trust_remote_code, "reference_experts": cfg.model.reference_experts}
+    force = None
+    if force_routes is not None:
+        from fideval.score.route_control import teacher_routes
+
+        force, info["routes_forced"] = teacher_routes(force_routes, teacher, list(teacher_sequences(teacher).ids))
     shards, per_token, ran = _model_run(files, teacher, settings, device, timeline=timeline, skip=skip,
-                                        backend=backend, routes=routes, **hooks)
+                                        backend=backend, routes=routes, force=force, **hooks)
     info["run_settings"] = ran
+    if force is not None:  # its records are told apart from the free run's by their path (e.g. weights-only+teacher-routes)
+        from fideval.score.route_control import SUFFIX
+
+        path += SUFFIX
     return Candidate(name=name, path=path, shards=shards, info=info, timeline=timeline, flops_per_token=per_token,
                      skip=skip)
-
-
-def describe(cfg: Config, cand: CandidateConfig, path: str, files: ModelFiles) -> tuple[dict[str, Any], dict[str, Any]]:
-    """The runner's hooks for candidate ``cand`` on ``path`` and score.json's ``candidate_info`` (without the run
-    settings, which join it once the runner is built)."""
-    hooks, info = (_real if cand.checkpoint is not None else _emulated)(cand, path, files)
-    from fideval.quant.ggml_path import DESCRIPTION
-
-    acts = {"serving": "e4m3 per 1x128", "llamacpp": DESCRIPTION}.get(path, "none")
-    return hooks, {"model_id": cfg.model.id, "model_revision": files.revision, "activations": acts, **info}
-
-
-def _emulated(cand: Any, path: str, files: Any) -> tuple[dict[str, Any], dict[str, Any]]:
-    """The runner's hooks and score.json's info for the reference checkpoint with ``cand``'s quant spec."""
-    from fideval.quant.gguf_mix_spec import MixSpec, mix_name
-    from fideval.quant.inspect import class_shapes, classes_present, release_bits
-    from fideval.quant.spec import check_spec_classes, compile_spec
-
-    quant = cand.quant.model_dump(exclude_none=True)
-    mix = mix_name(quant)
-    if mix is not None:  # llama-quantize's named mix: every weight, the embedding included (fideval.quant.gguf_mix_spec)
-        im, im_info = read_candidate_imatrix(cand)
-        spec = MixSpec(mix, files.folder, im)
-        act, ggml = spec.act_transform if path == "serving" else None, None
-        if path == "llamacpp":  # ggml's activation rounding by the plan's types (fideval.quant.ggml_path)
-            from fideval.quant import ggml_path
-
-            table = ggml_path.for_mix(spec)
-            act, ggml = ggml_path.act_transform(table) or None, ggml_path.summary(table)
-        hooks = {"weight_transform": spec.weight_transform, "act_transform": act}
-        info = {"source": "emulated", "quant": quant, "bits_per_weight": spec.bits()}
-        return hooks, {**info, **({"imatrix": im_info} if im_info else {}), **({"ggml_activations": ggml} if ggml else {})}
-    llamacpp_refusal(cand, path)
-    im, im_info = imatrix_lookup(cand, files.folder)
-    spec = compile_spec(quant, imatrix=im)
-    by_class = class_shapes(files.folder)
-    check_spec_classes(quant, classes_present(by_class))
-    hooks = {"weight_transform": spec.weight_transform, "act_transform": spec.act_transform if path == "serving" else None}
-    info = {"source": "emulated", "quant": quant, "bits_per_weight": spec.bits(by_class, stored=release_bits(files.folder))}
-    return hooks, {**info, **({"imatrix": im_info} if im_info else {})}
-
-
-def read_candidate_imatrix(cand: Any) -> tuple[Any, dict[str, Any] | None]:
-    """The candidate's ``imatrix`` file (an :class:`fideval.quant.imatrix.Imatrix`, by llama.cpp names) and what
-    score.json records of it; (None, None) without one."""
-    if getattr(cand, "imatrix", None) is None:
-        return None, None
-    from fideval.config import resolve_path
-    from fideval.fsio import sha256_file
-    from fideval.quant.imatrix import read_imatrix
-
-    path = resolve_path(cand.imatrix)
-    im = read_imatrix(path)
-    return im, {"path": str(cand.imatrix), "sha256": sha256_file(path), "entries": len(im.entries),
-                "datasets": im.datasets, "chunks": im.chunk_count, "legacy": im.legacy}
-
-
-def imatrix_lookup(cand: Any, model_dir: Any) -> tuple[Any, dict[str, Any] | None]:
-    """The candidate's ``imatrix`` file as the spec's per-parameter lookup, and what score.json records of it."""
-    im, info = read_candidate_imatrix(cand)
-    if im is None:
-        return None, None
-    from fideval.quant.imatrix import ImatrixLookup
-
-    cfg = nesting.load_file(Path(model_dir) / "config.json", "fix or re-download config.json")
-    return ImatrixLookup(im, cfg.get("model_type"), int(cfg.get("num_hidden_layers") or 0)), info
-
-
-def llamacpp_refusal(cand: Any, path: str, ckpt: Any = None) -> None:
-    """One-line error for path 'llamacpp' on a candidate that is not a whole GGUF build (a real .gguf ``checkpoint``, or
-    ``quant: {gguf_mix: ...}``): only a GGUF says which GGML type, hence which activation format, each tensor has."""
-    if path != "llamacpp":
-        return
-    if ckpt is not None:
-        from fideval.model.weights.gguf_checkpoint import GGUFCheckpoint
-
-        if isinstance(ckpt, GGUFCheckpoint):
-            return
-    if ckpt is None and cand.quant is not None and getattr(cand.quant, "gguf_mix", None) is not None:
-        return
-    raise FidevalError(f"candidate {cand.name!r}: path 'llamacpp' needs a GGUF candidate (a .gguf checkpoint or quant: "
-                       "{gguf_mix: ...}): only a GGUF gives every tensor the GGML type its activations follow",
-                       hint="score this candidate on serving or weights-only")
-
-
-def checkpoint_hooks(ckpt: Any, path: str) -> dict:
-    """A real build's serving path: activations entering the module classes the build quantizes go through
-    E4M3 per 1x128 (fp32 scales), exactly as an emulated candidate's do; weights-only leaves them alone."""
-    if path != "serving":
-        return {}
-    from fideval.quant.activations import act_quant_e4m3
-
-    def f(x):
-        return act_quant_e4m3(x, 128, "fp32")
-
-    return {cls: f for cls in sorted(ckpt.quantized_classes())}
-
-
-def serving_hooks(cand: Any, ckpt: Any, src: Any, path: str) -> dict:
-    """:func:`checkpoint_hooks`, refusing a serving path on a build that quantizes no module class (it would
-    only repeat weights-only). ``fideval validate`` asks this of every path a real build is scored on."""
-    if path == "llamacpp":
-        llamacpp_refusal(cand, path, ckpt)
-        from fideval.quant import ggml_path
-
-        return ggml_path.act_transform(ggml_path.for_checkpoint(ckpt))
-    act = checkpoint_hooks(ckpt, path)
-    if path == "serving" and not act:
-        raise FidevalError(f"candidate {cand.name!r}: checkpoint {src} quantizes no module class, so 'serving' equals 'weights-only'",
-                           hint="score it on paths: [weights-only]")
-    return act
-
-
-def checkpoint_identity(p) -> dict[str, Any]:
-    """SHA-256 of a GGUF file, or a manifest {file: sha256} of a folder's config.json and safetensors files."""
-    from fideval.fsio import sha256_file
-
-    p = Path(p)
-    if p.is_file():
-        return {"file": p.name, "sha256": sha256_file(p), "bytes": p.stat().st_size}
-    keep = ("config.json", "model.safetensors.index.json")
-    files = sorted(f for f in p.iterdir() if f.is_file() and (f.suffix == ".safetensors" or f.name in keep))
-    return {"files": {f.name: sha256_file(f) for f in files}, "bytes": sum(f.stat().st_size for f in files)}
-
-
-def _real(cand: Any, path: str, files: Any) -> tuple[dict[str, Any], dict[str, Any]]:
-    """The runner's hooks and score.json's info for the real quantized build ``cand.checkpoint`` (a .gguf
-    file or a quantized safetensors folder): architecture and config from the reference model folder,
-    weights decoded from the build layer by layer (``fideval.model.weights.quantized``)."""
-    from fideval.config import is_hub, resolve_path
-    from fideval.model.weights.quantized import open_real
-    from fideval.model_source import locate
-
-    src = locate(cand.checkpoint).folder if is_hub(cand.checkpoint) else resolve_path(cand.checkpoint)
-    ckpt = open_real(src, files.folder)
-    act = serving_hooks(cand, ckpt, src, path)
-    if hasattr(ckpt, "bits"):
-        bits, kind = ckpt.bits(), f"safetensors ({ckpt.quant_method or 'unquantized'})"
-    else:
-        from fideval.quant.gguf_file import gguf_bits
-
-        bits, kind = gguf_bits(src), f"gguf ({ckpt.arch})"
-    info = {"source": "checkpoint", "checkpoint": {"path": str(cand.checkpoint), "kind": kind, **checkpoint_identity(src)},
-            "quantized_classes": sorted(act) if act and path == "serving" else sorted(ckpt.quantized_classes()),
-            "bits_per_weight": bits}
-    if path == "llamacpp":
-        from fideval.quant import ggml_path
-
-        info["ggml_activations"] = ggml_path.summary(ggml_path.for_checkpoint(ckpt))
-    return {"act_transform": act or None, "checkpoint": ckpt}, info
 
 
 def store_shards(reader: Any, seq_ids: Iterable[str], device: Any = None, prefetch: int = 1) -> Iterator[CandidateShard]:
@@ -464,17 +328,22 @@ def teacher_itself(teacher: TeacherRows, name: str = "self", path: str = "store"
 
 
 def select(teacher: StoreReader, spec: str | None, path: str, settings: ScoreSettings, *, cfg: Config | None = None,
-           name: str | None = None, self_check: bool = False, routes: Path | None = None) -> Candidate:
+           name: str | None = None, self_check: bool = False, routes: Path | None = None,
+           force_routes: Path | None = None) -> Candidate:
     """The candidate ``fideval score`` is asked for: with a config, its candidate ``spec`` run on ``path``;
     else the logit store at ``spec`` (named ``name``, default its folder's name); with neither and
-    ``self_check``, the teacher itself. ``routes``: a config candidate's routes written there (fideval.formats.routes)."""
+    ``self_check``, the teacher itself. ``routes``: a config candidate's routes written there (fideval.formats.routes);
+    ``force_routes``: the teacher store whose routes a config candidate takes (fideval.score.route_control)."""
     if path not in ("serving", "weights-only", "llamacpp", "store"):
         raise FidevalError(f"--path {path!r}: expected serving, weights-only, llamacpp or store")
     if cfg is not None:
         if spec is None or path == "store":
             raise FidevalError("with --config give --candidate NAME and --path serving|weights-only|llamacpp",
                                hint="names and paths are in the config's candidates")
-        return from_config(cfg, spec, path, teacher, settings.device, routes=routes)
+        return from_config(cfg, spec, path, teacher, settings.device, routes=routes, force_routes=force_routes)
+    if force_routes is not None:
+        raise FidevalError("--teacher-routes forces routes into a model run: a logit store (or the teacher itself) runs none",
+                           hint="give --config and --candidate NAME")
     if routes is not None:
         raise FidevalError("--routes records a model run's routes: a logit store (or the teacher itself) has none",
                            hint="give --config and --candidate NAME, or record the teacher's with fideval teacher --routes")

@@ -46,8 +46,12 @@ SELF = ("self", "store")  # the self-check's candidate name and path (``fideval 
 
 def fusable(cfg: Config) -> list[tuple[Any, str]]:
     """The config's (candidate, path) pairs the fused pass runs: every emulated candidate (a real build reads its
-    own files, so it keeps its own pass)."""
-    return [(c, p) for c in cfg.candidates if c.checkpoint is None for p in c.paths]
+    own files, so it keeps its own pass), and with ``routing: decompose`` each path again with the teacher's routes
+    forced (``<path>+teacher-routes``, the routes handed over in memory)."""
+    from fideval.score.route_control import SUFFIX
+
+    return [(c, p + suffix) for c in cfg.candidates if c.checkpoint is None
+            for suffix in ("", SUFFIX) if suffix == "" or c.routing == "decompose" for p in c.paths]
 
 
 def refusal(cfg: Config) -> str | None:
@@ -176,16 +180,19 @@ class _FusedPass:
         from fideval.model.sizing import parse
         from fideval.model.teacher_pass import TeacherPass
         from fideval.model_source import locate
-        from fideval.score.candidate import describe
+        from fideval.score.hooks_of import describe
         from fideval.score.kernels import pick
         from fideval.score.resume import first_rows
         from fideval.score.run import ScoreSettings
 
         windows_dir, folder, self.kind = one_length(windows)
-        self.domain, self.folder, self.cfg = domain, folder, cfg
+        self.domain, self.folder, self.cfg, self.records = domain, folder, cfg, records
         files = locate(cfg.model.path, cfg.model.revision)
         self.pairs = fusable(cfg)
-        hooks = [describe(cfg, c, p, files) for c, p in self.pairs]  # specs compiled, classes checked: before the store exists
+        from fideval.score.route_control import SUFFIX
+
+        # specs compiled, classes checked: before the store exists
+        hooks = [describe(cfg, c, p.removesuffix(SUFFIX), files) for c, p in self.pairs]
         self.settings = settings or ScoreSettings.of(cfg.score, device=device)
         self.dev, self.kernel = pick(self.settings.device, self.settings.kernel)
         asked = {k: parse(getattr(cfg.teacher, k), f"teacher.{k}", off=k != "micro_batch")
@@ -201,11 +208,16 @@ class _FusedPass:
         self.ids = list(self.seqs.ids)
         self.live = LiveTeacher(self.seqs, tp.vocab, tp.meta, out)
         self.starts = first_rows(self.live, self.ids, None)
-        teacher = tp.runner()
+        # a candidate's routing: the teacher records its routes (written beside the store, as `fideval teacher --routes`
+        # does), a free path records its own, a forced path takes the teacher's as the lockstep has just computed them
+        teacher = tp.runner(routes=True) if any(c.routing != "off" for c in cfg.candidates) else tp.runner()
         cand_head = "auto" if teacher.head_mode == "bf16" else "float32"  # as fideval.score.candidate.teacher_settings
-        self.runners = [teacher] + [_runner(tp, cand_head, h) for h, _ in hooks]
-        infos = [{**info, "run_settings": {"dtype": tp.dtype, **tp.settings.recorded(), "lm_head": r.head_mode}}
-                 for (_, info), r in zip(hooks, self.runners[1:])]
+        self.runners = [teacher] + [_runner(tp, cand_head, {**h, **_routing(c, p, teacher)})
+                                    for (c, p), (h, _) in zip(self.pairs, hooks)]
+        infos = [{**info, "run_settings": {"dtype": tp.dtype, **tp.settings.recorded(), "lm_head": r.head_mode},
+                  **({"routes_forced": {"of": "teacher", "routes": "the fused pass's teacher, in memory"}}
+                     if p.endswith(SUFFIX) else {})}
+                 for (_, info), r, (_, p) in zip(hooks, self.runners[1:], self.pairs)]
         self.active = self._scorings(records, infos, self_check)
         # scorings[k]: what scores model k's rows (model 0, the teacher: the self-check, when asked)
         self.scorings: list[_Scoring | None] = ([] if self_check else [None]) + self.active
@@ -267,6 +279,7 @@ class _FusedPass:
                 first = (lambda: tp.stored_digest(ids[0])) if ids else None
                 for k, row, logits in self.lock.run_models(seqs.tokens, emit=self.emit, canary_start=[first] + [None] * last):
                     sid = ids[row]
+                    self._routes(k, sid, row)
                     if k == 0:
                         if sid in self.write:
                             tp.write(seqs, row, logits)  # a hidden store's: the final norm's output
@@ -314,6 +327,31 @@ class _FusedPass:
             tp.close()
             raise
 
+    def _routes(self, k: int, sid: str, row: int) -> None:
+        """Model ``k``'s routes of ``row``, written as its rows come out (all its layers have run): the teacher's beside
+        the store, a recording candidate's beside its records."""
+        runner = self.runners[k]
+        if runner.routes is None or row not in runner.routes.rows:
+            return
+        from fideval.formats.routes import write_sequence
+
+        took = runner.routes.pop(row)
+        if k == 0:
+            write_sequence(self.tp.out, sid, took)
+        else:
+            c, p = self.pairs[k - 1]
+            write_sequence(records_dir(self.records, c.name, p, self.kind, self.domain), sid, took)
+
+    def _seal_routes(self) -> None:
+        """The routes indexes, once the shards and records they belong to are written."""
+        from fideval.formats.routes import seal_candidate, write_index
+
+        if self.runners[0].routes is not None:
+            write_index(self.tp.out, "teacher", {"shards": {sid: self.tp.sha256(sid) for sid in self.ids}})
+        for r, (c, p) in zip(self.runners[1:], self.pairs):
+            if r.routes is not None:
+                seal_candidate(records_dir(self.records, c.name, p, self.kind, self.domain))
+
     def finish(self, stats: dict[str, Any]) -> dict[str, Any]:
         """The store's manifest (the teacher's canary, the pass's profile, the candidates it ran), every records
         folder's records.parquet and score.json; one line if any model's canary changed."""
@@ -328,9 +366,22 @@ class _FusedPass:
         prof = tp.finish(stats, tokens=tokens, model_flops=flops_per_token(tp.config, self.seqs.tokens.shape[1])["total"] * tokens,
                          canary=teacher_canary, extra_meta={"fused": json.dumps(names[1:])})
         scored = _conclude(self.active, self.ids, tp.out, self.dev, self.kernel, prof)
+        self._seal_routes()
         tp.check_canaries(canaries, "the store and records were")
         return {"written": tp.written, "skipped": len(tp.done), "canaries": canaries, "settings": tp.settings.recorded(),
                 "profile": prof, "scored": scored, "stats": dict(stats)}
+
+
+def _routing(cand: Any, path: str, teacher: Any) -> dict[str, Any]:
+    """A candidate runner's route options in the fused pass: its own routes recorded (a free path of a candidate whose
+    routing is on), or the teacher's forced (a ``+teacher-routes`` path), from the teacher's recorder."""
+    from fideval.model.routes import RecordedRoutes
+    from fideval.score.route_control import SUFFIX
+
+    if path.endswith(SUFFIX):
+        return {"force_routes": RecordedRoutes(teacher.routes, sorted(teacher.experts),
+                                               getattr(teacher.adapter.config, "num_experts_per_tok", None))}
+    return {"routes": True} if cand.routing != "off" else {}
 
 
 def _runner(tp: TeacherPass, head: str, hooks: dict[str, Any]) -> Runner:

@@ -20,7 +20,6 @@ states' dtype and size.
 from __future__ import annotations
 
 import hashlib
-import json
 from pathlib import Path
 from typing import Any
 
@@ -136,13 +135,12 @@ def _write_file(path: Path, w: torch.Tensor) -> None:
     gives the same bytes in every run (the safetensors library orders metadata as its hash map does)."""
     arr = (w.view(torch.int16) if w.dtype == torch.bfloat16 else w).numpy()
     data = memoryview(np.ascontiguousarray(arr.astype(arr.dtype.newbyteorder("<"), copy=False)).reshape(-1).view(np.uint8))
-    header = {"__metadata__": {"format": FORMAT, "version": VERSION},
-              "weight": {"dtype": "BF16" if w.dtype == torch.bfloat16 else "F32", "shape": list(w.shape),
-                         "data_offsets": [0, len(data)]}}
-    raw = json.dumps(header, separators=(",", ":"), sort_keys=True).encode("utf-8")
-    raw += b" " * (-(8 + len(raw)) % 8)
+    from fideval.formats.safetensors import sorted_header
+
+    head = sorted_header({"weight": ("BF16" if w.dtype == torch.bfloat16 else "F32", list(w.shape), len(data))},
+                         {"format": FORMAT, "version": VERSION})
     with atomic_open(path, "wb") as f:
-        f.write(len(raw).to_bytes(8, "little") + raw)
+        f.write(head)
         for a in range(0, len(data), 1 << 24):
             f.write(data[a:a + (1 << 24)])
 

@@ -15,6 +15,7 @@ fail runs, so validate and the run cannot disagree:
                      size against the model's vocabulary;
 * :mod:`.candidates` each candidate's quant spec (the candidate stage's builder) against the model's
                      classes and tensor shapes, or its real build (the classes that decode it);
+* :mod:`.routing`    a candidate's ``routing`` (record or decompose) on a model without routed experts;
 * :mod:`.attention`  one sequence of each length against the teacher's GPU, by the runner's own sizing
                      (:func:`fideval.model.sizing.choose`): a window too long for the device is refused;
 * :mod:`.sizes`      the teacher stores' bytes by ``teacher.store`` kind (the teacher's, the noise floor's) against
@@ -39,7 +40,7 @@ __all__ = ["Findings", "Problem", "check_config"]
 def check_config(cfg: Config) -> Findings:
     """Every check past the schema, in the order the stages would meet the problems."""
     from fideval.config import check_files
-    from fideval.validate import attention, candidates, design, model, reference, sizes, tokenizer
+    from fideval.validate import attention, candidates, design, model, reference, routing, sizes, tokenizer
 
     found = Findings()
     for line in check_files(cfg):  # "'key': ..." lines; kept verbatim
@@ -53,6 +54,7 @@ def check_config(cfg: Config) -> Findings:
     model.check_fused(cfg, found)
     tokenizer.check(cfg, found, probe)
     candidates.check(cfg, probe, found)
+    routing.check(cfg, probe, found)
     attention.check(cfg, probe, found, driver)
     sizes.check(cfg, probe, found)
     design.check(cfg, found)

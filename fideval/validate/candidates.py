@@ -7,7 +7,7 @@
 * A real build (``checkpoint:``): opened by the classes that will decode it (:func:`open_real`:
   ``QuantizedCheckpoint``'s quantization_config, architecture and tensor plan from the safetensors headers;
   ``GGUFCheckpoint``'s architecture, name map and shapes from the GGUF header), and each of its paths
-  (:func:`fideval.score.candidate.serving_hooks`: 'serving' needs a quantized class, 'llamacpp' a GGUF whose
+  (:func:`fideval.score.hooks_of.serving_hooks`: 'serving' needs a quantized class, 'llamacpp' a GGUF whose
   tensors' activation formats the runner's hooks can tell apart, :mod:`fideval.quant.ggml_path`).
 * 'llamacpp' on a candidate that is not a whole GGUF build (per-class formats) is refused in one line.
 """
@@ -26,7 +26,7 @@ if TYPE_CHECKING:
 
 
 def check(cfg: Config, probe: Probe, found: Findings) -> None:
-    from fideval.score.candidate import llamacpp_refusal
+    from fideval.score.hooks_of import llamacpp_refusal
 
     for cand in cfg.candidates:
         if cand.quant is not None and cand.quant.gguf_mix is not None:
@@ -72,7 +72,7 @@ def _emulated(cand: Any, probe: Probe, found: Findings) -> None:
 
     lookup = None
     if cand.imatrix is not None and probe.folder is not None and resolve_path(cand.imatrix).exists():  # else check_files names it
-        from fideval.score.candidate import imatrix_lookup
+        from fideval.score.hooks_of import imatrix_lookup
 
         try:
             lookup, _ = imatrix_lookup(cand, probe.folder)  # the file, read as the candidate stage reads it
@@ -122,7 +122,7 @@ def _mix(cand: Any, mix: str, probe: Probe, found: Findings, model_parallel: int
     from fideval.config import resolve_path
     from fideval.quant.gguf_mix_spec import MixSpec
     from fideval.quant.gguf_mixes import MIXES
-    from fideval.score.candidate import read_candidate_imatrix
+    from fideval.score.hooks_of import read_candidate_imatrix
 
     key = f"candidates.{cand.name}.quant.gguf_mix"
     if str(mix).upper() not in MIXES:
@@ -165,7 +165,7 @@ def _real(cand: Any, probe: Probe, found: Findings) -> None:
     from fideval.config import is_hub, resolve_path
     from fideval.model.weights.quantized import open_real
     from fideval.model_source import cached
-    from fideval.score.candidate import serving_hooks
+    from fideval.score.hooks_of import serving_hooks
 
     key = f"candidates.{cand.name}.checkpoint"
     if is_hub(cand.checkpoint):

@@ -31,12 +31,14 @@ def check_act_transform(act_transform: dict | None) -> dict:
 
 
 def install(layer: torch.nn.Module, i: int, act_transform: dict[str, Callable], ex: tuple[int, int] | None,
-            world: int, group, lean: bool, record: Callable | None = None) -> None:
+            world: int, group, lean: bool, record: Callable | None = None, force: Callable | None = None) -> None:
     """Layer ``i``: act_transform on inputs of attention / shared / dense linears, and the routed experts'
     wrapper (the transform on their inputs and inside them, this rank's experts [lo, hi) only, the sum
     over ranks; ``lean``: fideval.model.execution.experts' forward where it supports the module).
     ``record(i, top_k_index, top_k_weights)``: the routes as the model computed them (every expert id, before
-    this rank's cut), once per experts call (fideval.model.routes.RouteRecorder)."""
+    this rank's cut), once per experts call (fideval.model.routes.RouteRecorder). ``force(i, top_k_index,
+    top_k_weights) -> (index, weights)``: the routes the experts take instead (fideval.model.routes.RouteForcer;
+    recorded after forcing, so a forced run's record is what its experts took)."""
     hook_inputs(act_transform, lambda name: module_class_of(f"model.layers.{i}.{name}.weight"), linears(layer))
     experts = getattr(getattr(layer, "mlp", None), "experts", None)
     if experts is None:
@@ -66,6 +68,8 @@ def install(layer: torch.nn.Module, i: int, act_transform: dict[str, Callable], 
         experts._apply_gate = lambda x: fn(gate(ref(), x))
 
     def forward(hidden, top_k_index, top_k_weights):
+        if force is not None:
+            top_k_index, top_k_weights = force(layer_index, top_k_index, top_k_weights)
         if record is not None:
             record(layer_index, top_k_index, top_k_weights)
         if ex is not None:

@@ -12,6 +12,7 @@ fideval.model.sizing (docs/runner.md, "Run settings and accounting").
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 from contextlib import nullcontext
 
 import torch
@@ -66,10 +67,13 @@ class MlpBlocks:
             torch.cuda.synchronize(self.device)
         self.stats["warmup_s"] = self.stats.get("warmup_s", 0.0) + time.perf_counter() - t0
 
-    def mlp_half(self, layer, states: list, on_dev: bool, solo: set[int] = frozenset(), canary: int | None = None) -> None:
+    def mlp_half(self, layer, states: list, on_dev: bool, solo: set[int] = frozenset(), canary: int | None = None,
+                 at: Callable[[list[int] | None], None] | None = None) -> None:
         """The layer's second half, x + mlp(post_attention_layernorm(x)), in place over ``states`` (one hidden
         state per micro-batch, on the device or pinned on the host), in blocks of up to ``mlp_tokens`` tokens;
-        a micro-batch in ``solo`` is a block of its own; ``canary``'s block is the timeline's ``canary`` part."""
+        a micro-batch in ``solo`` is a block of its own; ``canary``'s block is the timeline's ``canary`` part.
+        ``at(g)``: told the micro-batches of each block before it runs (their rows, in order, are the block's
+        tokens: the route recorder's and forcer's rows), ``at(None)`` after the last."""
         j, n, tl = 0, len(states), self.timeline
         if n and self.device.type == "cuda" and type(layer.mlp) not in self.warmed:
             self._warm(layer, states[0] if on_dev else states[0].to(self.device, non_blocking=True))
@@ -79,9 +83,13 @@ class MlpBlocks:
                     tokens + states[g[-1] + 1].shape[0] * states[g[-1] + 1].shape[1] <= self.mlp_tokens:
                 g.append(g[-1] + 1)
                 tokens += states[g[-1]].shape[0] * states[g[-1]].shape[1]
+            if at is not None:
+                at(g)
             with tl.part("canary", sticky=True) if canary in g else nullcontext():
                 self._block(layer, states, g, on_dev)
             j = g[-1] + 1
+        if at is not None:
+            at(None)
 
     def _block(self, layer, states: list, g: list[int], on_dev: bool) -> None:
         tl = self.timeline
