@@ -54,6 +54,7 @@ SMALL = dict(hidden=256, heads=4, q_lora=64, kv_lora=32, rope=16, nope=32, v=32,
              topk=4, groups=4, topk_groups=2, dense_inter=512, vocab=1024, layers=3, n_layers_real=61, dense_real=3)
 SEED_ROWS = {2048: 1_048_064, 8192: 1_048_448}  # 512 x 2,047 and 128 x 8,191 next-token rows
 BLOCK = 128
+V41_LAYERS = None  # --v41-layers: bench/v41_layers.py's per-token seconds of real V4.1-Flash layers (its JSON's v41_layers)
 REPLAY_FLOPS = 600e12  # the bf16 head's GEMM rate on an H100 (bench/head.py: 653 TFLOP/s), replaced by the measured one
 
 
@@ -531,6 +532,13 @@ def extrapolate(compute: dict, verbs: dict | None, disk: dict, s: dict, store: s
                 fr = c["flops"]
                 layer_scale = f_layers / (fr["total"] - fr["head"])
                 passes[role] = fixed + T * (layer_s * layer_scale + head_s * f_head / fr["head"])
+            if model == "DeepSeek-V4.1-Flash" and V41_LAYERS:  # measured V4.1 layers (bench/v41_layers.py), by FLOPs
+                for role in ("teacher", "candidate"):
+                    m = V41_LAYERS[role]
+                    passes[role] = m["fixed_s"] + v41["n_layers"] * m.get("load_s_per_layer", 0.0) + T * (
+                        m["layer_s_per_token"] * f_layers / m["f_layers"] +
+                                                       m["head_s_per_token"] * f_head / m["f_head"])
+                passes.pop("fused", None)
             if "teacher" not in passes or "candidate" not in passes:
                 continue
             H = V3["hidden"] if model == "DeepSeek-V3" else v41["dim"]
@@ -546,7 +554,8 @@ def extrapolate(compute: dict, verbs: dict | None, disk: dict, s: dict, store: s
             if "fused" in passes:  # the measured fused pass (its scoring included) in place of teacher + 2 candidates
                 total["fused_measured"] = total.get("fused_measured", 0.0) + max(passes["fused"], weights_s, write_s)
             terms.append(f"L={L}: teacher {passes['teacher']:.0f} s, candidate {passes['candidate']:.0f} s, weights {weights_s:.0f} s, "
-                         f"store write {write_s:.0f} s, read-back {read_s:.0f} s")
+                         f"store write {write_s:.0f} s, read-back {read_s:.0f} s" +
+                         (" (measured V4.1 layers)" if model == "DeepSeek-V4.1-Flash" and V41_LAYERS else ""))
         if not terms:
             continue
         goal = "<= 20 min" if store_kind == "hidden" else "<= 45 min"
@@ -598,6 +607,8 @@ def main() -> None:
     ap.add_argument("--deadline", type=float, default=0.0, help="seconds after which no further compute run starts (0: none)")
     ap.add_argument("--result", default=None, help="also write the results as JSON here")
     ap.add_argument("--reuse", action="store_true", help="take the compute runs an earlier call left in --dir (not rerun)")
+    ap.add_argument("--v41-layers", default=None, help="bench/v41_layers.py --json output: the V4.1-Flash extrapolation from "
+                                                       "those measured V4.1 layers instead of this run's V3-shaped ones")
     ap.add_argument("--one", default=None, metavar="ROLE:L", help=argparse.SUPPRESS)  # one compute run (a child process)
     a = ap.parse_args()
     if a.one:  # each compute run in its own process on a GPU, as each verb is: no run inherits another's memory
@@ -635,7 +646,9 @@ def main() -> None:
     result = {"device": torch.cuda.get_device_name() if device == "cuda" else "cpu", "layers": s["layers"]}
     result["disk"] = disk = disk_rates(work, 1 if a.small else 4)
     print("disk", json.dumps(disk), flush=True)
-    global REPLAY_FLOPS
+    global REPLAY_FLOPS, V41_LAYERS
+    if a.v41_layers:
+        V41_LAYERS = json.loads(Path(a.v41_layers).read_text())["v41_layers"]
     result["replay"] = rp = measure_replay(s, device, 1024 if a.small else 8192)
     REPLAY_FLOPS = rp["bf16"]["flops_per_s"] if device == "cuda" else rp["float32"]["flops_per_s"]
     rows.append((f"head replay (hidden store), one sequence of {1024 if a.small else 8192:,} rows at full width",

@@ -13,6 +13,11 @@ Figures: tokens/s of each backend (whole runs, weight loading included, as the t
 FLOP utilisation of each (routed + shared experts and router FLOPs from fideval.model.flops over the time of the
 ``moe`` part, against the GPU's dense bf16 peak), their time per part, and how far apart their logits are (mean
 KLD of reference vs transformers, nats; the vendor's bf16 router rounds differently, docs/runner.md).
+``--experts vendor|grouped|both`` (default both): the reference code's routed experts as its MoE loops over them,
+grouped (fideval.model.reference.grouped_experts: one GEMM per projection), or each in turn -- then also the
+grouped path's speed-up over the loop and how far apart their logits are (max |dlogit|, mean KLD), beside the
+loop's own batch dependence (the loop again at micro-batch 1 on the same tokens; ``--no-batch-dependence``
+skips that run): the measure by which docs/runner.md, 'Grouped experts', keeps ``vendor`` the default.
 Prints one table: figure | measured | ceiling.
 """
 
@@ -36,11 +41,13 @@ CODE = ROOT.parent / "shared" / "reference-code" / "deepseek-v3"
 
 
 def run_backend(ckpt: Path, implementation: str, toks: np.ndarray, device: str, dtype: torch.dtype,
-                micro_batch: int) -> dict:
-    """One whole run over ``toks``: wall time, the runner's parts, the last sequence's logits (for the KLD)."""
+                micro_batch: int, experts: str = "vendor") -> dict:
+    """One whole run over ``toks``: wall time, the runner's parts, the last sequence's logits (for the KLD);
+    ``experts``: the reference code's routed experts path (vendor | grouped)."""
     from fideval.model.runner import RunnerOptions, make_runner
 
-    extra = {"implementation": "reference", "trust_remote_code": True} if implementation == "reference" else {}
+    extra = {"implementation": "reference", "trust_remote_code": True,
+             "reference_experts": experts} if implementation == "reference" else {}
     opts = RunnerOptions(device=device, dtype=dtype, micro_batch=micro_batch, profile=True, mlp_tokens=None, **extra)
     t_build = time.perf_counter()
     runner = make_runner(ckpt, opts)
@@ -57,8 +64,10 @@ def run_backend(ckpt: Path, implementation: str, toks: np.ndarray, device: str, 
         torch.cuda.synchronize()
     wall = time.perf_counter() - t0
     stats = runner.finish_profile()
+    drv = getattr(runner, "driver", None)  # the reference backend's: what computed its routed experts
     return {"wall_s": wall, "startup_s": startup, "parts": stats.get("parts", {}), "logits": kept, "tokens": toks.size,
-            "load_s": stats["load_s"], "wait_s": stats["wait_s"]}
+            "load_s": stats["load_s"], "wait_s": stats["wait_s"],
+            "experts": drv.kernels.get("routed_experts", "the vendor's loop") if drv is not None else None}
 
 
 def mean_kld(a: dict, b: dict) -> float:
@@ -69,6 +78,10 @@ def mean_kld(a: dict, b: dict) -> float:
     return float(np.mean(vals))
 
 
+def max_abs(a: dict, b: dict) -> float:
+    return max(float((a[row] - b[row]).abs().max()) for row in a)
+
+
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--small", action="store_true", help="CPU-sized smoke run (seconds)")
@@ -77,10 +90,15 @@ def main() -> None:
     ap.add_argument("--seqs", type=int, default=16, help="sequences per run")
     ap.add_argument("--length", type=int, default=2048, help="tokens per sequence")
     ap.add_argument("--micro-batch", type=int, default=4)
+    ap.add_argument("--experts", choices=("vendor", "grouped", "both"), default="both",
+                    help="the reference code's routed experts: its loop, grouped GEMMs, or each in turn")
+    ap.add_argument("--no-batch-dependence", action="store_true",
+                    help="with --experts both: skip the loop's run at micro-batch 1 (its own batch dependence; "
+                         "never run when the micro-batch is 1)")
     a = ap.parse_args()
     s = dict(ev.SMALL) if a.small else dict(ev.V3)
     device = "cpu" if a.small or not torch.cuda.is_available() else "cuda"
-    n, L, mb = (2, 16, 1) if a.small else (a.seqs, a.length, a.micro_batch)
+    n, L, mb = (2, 16, 2) if a.small else (a.seqs, a.length, a.micro_batch)
     dtype = torch.bfloat16
     work = Path(a.dir)
     ckpt = work / ("ckpt-small" if a.small else "ckpt")
@@ -94,9 +112,12 @@ def main() -> None:
     from fideval.model.flops import flops_per_token
 
     per_tok = flops_per_token(ev.hf_config(s, s["layers"]), L)
-    for impl in ("transformers", "reference"):  # imports, kernels compiled, page cache warm: not the figures
-        run_backend(ckpt, impl, toks[:1, :8], device, dtype, 1)
-    res = {impl: run_backend(ckpt, impl, toks, device, dtype, mb) for impl in ("transformers", "reference")}
+    experts = ("vendor", "grouped") if a.experts == "both" else (a.experts,)
+    backends = {"transformers": ("transformers", "vendor")}
+    backends.update({f"reference ({e} experts)": ("reference", e) for e in experts})
+    for impl, e in backends.values():  # imports, kernels compiled, page cache warm: not the figures
+        run_backend(ckpt, impl, toks[:1, :8], device, dtype, 1, e)
+    res = {name: run_backend(ckpt, impl, toks, device, dtype, mb, e) for name, (impl, e) in backends.items()}
     peak = ev.PEAK if device == "cuda" else None
     rows = []
     for impl, r in res.items():
@@ -108,11 +129,25 @@ def main() -> None:
                  (f"{impl}: time per part", ", ".join(f"{k} {v:.2f} s" for k, v in sorted(r["parts"].items()) if v >= 0.005),
                   f"wall {r['wall_s']:.2f} s (+ {r['startup_s']:.2f} s building the runner)"),
                  (f"{impl}: weight loading hidden", f"{1 - r['wait_s'] / r['load_s']:.1%}" if r["load_s"] else "n/a", "100 %")]
-    ratio = res["transformers"]["wall_s"] / res["reference"]["wall_s"]
-    rows += [("reference / transformers throughput", f"{ratio:.2f}x", "1.00x (the same model)"),
-             ("mean KLD reference vs transformers (last 64 positions, 2 sequences)",
-              f"{mean_kld(res['transformers']['logits'], res['reference']['logits']):.3g} nats",
-              "0 (bf16 routing near-ties differ, docs/runner.md)")]
+    refs = [name for name in res if name != "transformers"]
+    for name in refs:
+        ratio = res["transformers"]["wall_s"] / res[name]["wall_s"]
+        rows += [(f"{name} / transformers throughput", f"{ratio:.2f}x", "1.00x (the same model)"),
+                 (f"mean KLD {name} vs transformers (last 64 positions, 2 sequences)",
+                  f"{mean_kld(res['transformers']['logits'], res[name]['logits']):.3g} nats",
+                  "0 (bf16 routing near-ties differ, docs/runner.md)"),
+                 (f"{name}: routed experts computed by", str(res[name]["experts"]), "")]
+    if len(refs) == 2:
+        loop, grouped = (res[n] for n in refs)
+        solo = None if a.no_batch_dependence or mb == 1 else run_backend(ckpt, "reference", toks, device, dtype, 1, "vendor")
+        bound = (f"the loop at micro-batch 1 vs {mb}: {max_abs(solo['logits'], loop['logits']):.3g}, "
+                 f"KLD {mean_kld(solo['logits'], loop['logits']):.3g} nats" if solo is not None else "")
+        rows += [("grouped / vendor-loop throughput (reference code)", f"{loop['wall_s'] / grouped['wall_s']:.2f}x", ""),
+                 ("grouped / vendor-loop MoE part time",
+                  f"{grouped['parts'].get('moe', 0.0):.2f} s / {loop['parts'].get('moe', 0.0):.2f} s", ""),
+                 ("grouped vs vendor loop: max abs dlogit, mean KLD (last 64 positions, 2 sequences)",
+                  f"{max_abs(loop['logits'], grouped['logits']):.3g}, {mean_kld(loop['logits'], grouped['logits']):.3g} nats",
+                  bound or "the loop's own batch dependence (docs/runner.md)")]
     ev.print_table(rows, f"reference-code backend vs transformers, {device}, "
                          f"{'small' if a.small else 'DeepSeek-V3 layer sizes'}, {s['layers']} layers (1 dense), bf16")
 

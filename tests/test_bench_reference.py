@@ -20,10 +20,14 @@ def test_bench_small_prints_the_table(tmp_path):
     assert r.returncode == 0, r.stderr[-3000:]
     table = [ln for ln in r.stdout.splitlines() if ln.startswith("| ")]
     figures = {ln.split("|")[1].strip(): ln.split("|")[2].strip() for ln in table[1:]}
-    for impl in ("transformers", "reference"):
+    for impl in ("transformers", "reference (vendor experts)", "reference (grouped experts)"):  # --experts both
         tps = next(v for k, v in figures.items() if k.startswith(f"{impl}: tokens/s"))
         assert float(tps.replace(",", "")) > 0
         assert "moe" in figures[f"{impl}: time per part"]
-    kld = figures["mean KLD reference vs transformers (last 64 positions, 2 sequences)"]
-    assert 0 <= float(kld.split()[0]) < 1  # the same weights: near, not equal in bf16
+    for e in ("vendor", "grouped"):
+        kld = figures[f"mean KLD reference ({e} experts) vs transformers (last 64 positions, 2 sequences)"]
+        assert 0 <= float(kld.split()[0]) < 1  # the same weights: near, not equal in bf16
+    assert figures["reference (grouped experts): routed experts computed by"].startswith("grouped: ")
+    # the grouped path against the vendor's loop: 0 on the CPU (docs/runner.md, 'Grouped experts')
+    assert figures["grouped vs vendor loop: max abs dlogit, mean KLD (last 64 positions, 2 sequences)"].startswith("0, 0")
     assert (tmp_path / "ckpt-small" / "inference").resolve() == code.resolve()

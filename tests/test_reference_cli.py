@@ -145,3 +145,37 @@ def test_teacher_options_select_the_reference_code_without_a_config(taught, tmp_
     assert json.loads(a.meta["teacher"])["implementation"] == "reference"
     assert all(np.array_equal(a.read(s)[0], b.read(s)[0]) for s in b.seq_ids)
     assert [(kw["math_attention"], kw["split_heads"]) for kw in asked] == [(True, True)]  # the vendor's attention
+
+
+def test_the_configs_grouped_experts_reach_the_teacher_and_the_candidate(taught, tmp_path):
+    """model.reference_experts: grouped in the config reaches the teacher's and the candidate's runners: the store's
+    provenance and score.json say what computed the routed experts; on the CPU the grouped path's logits are the vendor
+    loop's bit for bit (docs/runner.md, 'Grouped experts'), so the store's shards are the vendor loop's bytes; a resumed
+    store refuses the other experts path in one line (it is part of the settings' fingerprint)."""
+    cfg = {**taught["cfg"], "model": {**taught["cfg"]["model"], "reference_experts": "grouped"}}
+    path = tmp_path / "grouped.yaml"
+    path.write_text(yaml.safe_dump(cfg))
+    w = taught["tmp"] / "w" / "cuts-8" / "tokens.safetensors"
+    res = run_fideval("teacher", "--config", path, "--windows", w, "--lengths", "cuts", "--out", tmp_path / "teacher")
+    assert res.code == 0, res.stderr
+    grouped, vendor = StoreReader(tmp_path / "teacher"), StoreReader(taught["tmp"] / "teacher")
+    assert "grouped" in json.loads(grouped.meta["teacher"])["reference_code"]["kernels"]["routed_experts"]
+    assert "grouped" not in json.loads(vendor.meta["teacher"])["reference_code"]["kernels"].get("routed_experts", "")
+    for sid in grouped.seq_ids:  # the shards' meta names the path; their rows are the vendor loop's
+        a, b = (np.asarray(s.read(sid)[0], dtype=np.float32) for s in (grouped, vendor))
+        assert np.array_equal(a, b), sid
+    res = run_fideval("score", "--teacher", tmp_path / "teacher", "--config", path, "--candidate", "mx", "--path",
+                      "weights-only", "--device", "cpu", "--out", tmp_path / "scored")
+    assert res.code == 0, res.stderr
+    ran = json.loads((tmp_path / "scored" / "score.json").read_text())["candidate_info"]["run_settings"]
+    assert "grouped" in ran["reference_code"]["kernels"]["routed_experts"]
+    # resuming the grouped store with the vendor's loop: refused, nothing written
+    shards = tmp_path / "teacher" / "shards"
+    last = sorted(shards.glob("*.safetensors"))[-1]
+    for f in shards.glob(last.name.removesuffix(".safetensors") + ".*"):
+        f.unlink()
+    before = {f.name: f.read_bytes() for f in shards.glob("*.safetensors")}
+    res = run_fideval("teacher", "--config", path, "--windows", w, "--lengths", "cuts", "--out", tmp_path / "teacher",
+                      "--reference-experts", "vendor")
+    assert res.code == 2 and len(res.stderr.strip().splitlines()) == 1, res.stderr
+    assert {f.name: f.read_bytes() for f in shards.glob("*.safetensors")} == before  # the finished shards kept

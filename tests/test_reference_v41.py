@@ -389,3 +389,22 @@ def test_sequences_longer_than_max_seq_len(tmp_path):
     d = _driver(folder)
     logits, _, _ = _run(d, toks)
     assert (logits[:, -1] - d.vendor_logits(toks)).abs().max().item() <= BOUND
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+def test_on_a_gpu_the_vendors_kernels_run_on_its_device(model, tokens):
+    """kernel_cpu.py makes its accumulators without a device and its E2M1 tables at import, on the CPU: the driver
+    moves the tables and runs each kernel with its inputs' device as the default (deepseek_v41_kernels.on_device). On CUDA
+    our layer-by-layer run matches the vendor's own forward on CUDA as on the CPU (its last position within the
+    head's sum-order bound; our final state through its head bit for bit), and stays near the CPU run (bf16 GEMMs
+    round differently on the GPU: within 2 % of the largest logit)."""
+    d = _driver(model, device="cuda")
+    toks = tokens.cuda()
+    logits, st, _ = _run(d, toks)
+    assert logits.device.type == "cuda"
+    ref = d.vendor_logits(toks)
+    assert (logits[:, -1] - ref).abs().max().item() <= BOUND
+    assert torch.equal(_vendor_head(d, st, L), ref)
+    cpu, _, _ = _run(_driver(model), tokens)
+    assert (logits.cpu() - cpu).abs().max().item() <= 0.02 * cpu.abs().max().item()

@@ -41,7 +41,8 @@ def run_teacher(model_dir, windows_dir, out, *, kinds=KINDS, device="auto", dtyp
                 model_revision=None, micro_batch: int | str = "auto", mlp_tokens: int | str | None = "auto",
                 chunk_bytes: int | str | None = "auto", peak_tflops: float | None = None,
                 domains: list[str] | None = None, implementation: str = "transformers", code: str | None = None,
-                trust_remote_code: bool = False, lm_head: str = "auto", routes: bool = False, store: str = "auto") -> dict:
+                trust_remote_code: bool = False, lm_head: str = "auto", routes: bool = False, store: str = "auto",
+                reference_experts: str = "vendor") -> dict:
     """The teacher run; returns ``written``, ``skipped``, ``canaries``, ``stats`` (the runner's), ``settings``
     (what ran) and ``profile`` (the whole run's accounting, also in the store's manifest meta). ``implementation``
     ``reference`` runs the vendor's code (``code``: its folder, relative to the model or absolute; needs
@@ -62,6 +63,7 @@ def run_teacher(model_dir, windows_dir, out, *, kinds=KINDS, device="auto", dtyp
     windows_dir, folders = sequence_folders(Path(windows_dir), tuple(kinds))
     tp = TeacherPass(model_dir, windows_dir, folders, out, asked=asked, device=device, dtype=dtype, domains=domains,
                      model_id=model_id, model_revision=model_revision, implementation=implementation, code=code,
+                     reference_experts=reference_experts,
                      trust_remote_code=trust_remote_code, lm_head=lm_head, peak_tflops=peak_tflops, store=store)
     runner = tp.runner(routes=True) if routes else tp.runner()
     tp.start(runner)

@@ -224,7 +224,8 @@ class TeacherPass:
                  asked: dict[str, Any], device: str | torch.device = "auto", dtype: str = "float32",
                  domains: list[str] | None = None, model_id: str | None = None, model_revision: str | None = None,
                  implementation: str = "transformers", code: str | None = None, trust_remote_code: bool = False,
-                 lm_head: str = "auto", models: int = 1, peak_tflops: float | None = None, store: str = "auto"):
+                 lm_head: str = "auto", models: int = 1, peak_tflops: float | None = None, store: str = "auto",
+                 reference_experts: str = "vendor"):
         self.t_start = time.perf_counter()
         from fideval.model.device import resolve_device, resolve_dtype
         from fideval.model.execution.parallel import init_from_env
@@ -235,6 +236,7 @@ class TeacherPass:
         self.model_dir, self.windows_dir, self.out = Path(model_dir), Path(windows_dir), Path(out)
         self.folders, self.dtype, self.implementation = list(folders), dtype, implementation
         self.code, self.trust_remote_code, self.peak_tflops = code, trust_remote_code, peak_tflops
+        self.reference_experts = reference_experts  # the reference code's routed experts (its provenance records them)
         resolve_dtype(dtype)  # a bad name fails before any file is read
         self.store = store = store_kind(store, implementation)
         asked = dict(asked)
@@ -310,7 +312,8 @@ class TeacherPass:
         from fideval.model.runner import RunnerOptions
 
         base = dict(device=self.device, dtype=resolve_dtype(self.dtype), profile=True, implementation=self.implementation,
-                    code=self.code, trust_remote_code=self.trust_remote_code, head=self.head, **self.settings.runner_options())
+                    code=self.code, trust_remote_code=self.trust_remote_code, head=self.head,
+                    reference_experts=self.reference_experts, **self.settings.runner_options())
         return RunnerOptions(**{**base, **extra})
 
     def runner(self, **extra: Any) -> ModelRunner:

@@ -31,7 +31,7 @@ import torch
 
 from fideval.errors import FidevalError
 from fideval.model.execution.transforms import hook_inputs, linears, transform_weight
-from fideval.model.reference import deepseek_v3_args, deepseek_v3_kernels, deepseek_v3_names
+from fideval.model.reference import deepseek_v3_args, deepseek_v3_kernels, deepseek_v3_names, grouped_experts
 from fideval.model.reference.code import VendorCode, require
 from fideval.quant.module_classes import module_class_of, quantized_class
 
@@ -73,7 +73,7 @@ class DeepseekV3Driver:
 
     def __init__(self, code: VendorCode, config: dict, weights, *, rank: int = 0, world: int = 1, group=None,
                  device="cpu", dtype: torch.dtype = torch.float32, weight_transform=None, act_transform=None,
-                 gemm_impl: str = "bf16", attn_impl: str = "absorb"):
+                 gemm_impl: str = "bf16", attn_impl: str = "absorb", experts: str = "vendor"):
         require(code, CLASSES)
         self.code, self.m, self.weights = code, code.model, weights
         where = str(getattr(weights, "config_dir", "")) + "/config.json" if getattr(weights, "config_dir", None) else "config.json"
@@ -106,6 +106,8 @@ class DeepseekV3Driver:
             "linear": "torch F.linear" + (" on weight_dequant's output" if fp8 and gemm_impl == "bf16" else ""),
             "attention": f"vendor MLA ({attn_impl}, torch einsum)",
         }
+        self.grouped = (grouped_experts.Grouped("deepseek-v3", self.m, self.kernels)
+                        if grouped_experts.check(experts) == "grouped" else None)  # else the vendor's loop
         self._embed = self._head = None
         self._freqs: torch.Tensor | None = None
 
@@ -208,7 +210,16 @@ class DeepseekV3Driver:
     def load_layer(self, i: int) -> torch.nn.Module:
         block = self._build(lambda: self.m.Block(i, self.args))
         with self._vendor():
-            return self._fill(block, f"layers.{i}.")
+            block = self._fill(block, f"layers.{i}.")
+        return self.grouped.install(block) if self.grouped is not None else block
+
+    def routing(self):
+        """The MoE layers (those past the ``n_dense_layers`` dense ones), experts, top-k and the vendor's ``Gate``
+        (:mod:`fideval.model.reference.gate_routes`)."""
+        from fideval.model.reference.gate_routes import Routing
+
+        a = self.args
+        return Routing(tuple(range(a.n_dense_layers, a.n_layers)), a.n_routed_experts, a.n_activated_experts, self.m.Gate)
 
     def _load_embed(self) -> torch.nn.Module:
         """The vendor's ``ParallelEmbedding`` with this rank's vocabulary rows, loaded once and kept."""

@@ -35,7 +35,7 @@ import torch
 from fideval.errors import FidevalError
 from fideval.model.execution.transforms import hook_inputs, linears, transform_weight
 from fideval.model.reference import deepseek_v32_args as margs
-from fideval.model.reference import deepseek_v32_kernels
+from fideval.model.reference import deepseek_v32_kernels, grouped_experts
 from fideval.model.reference.code import VendorCode, require
 from fideval.model.reference.deepseek_v32_names import to_hf
 from fideval.quant.module_classes import module_class_of, quantized_class
@@ -114,7 +114,7 @@ class DeepseekV32Driver:
 
     def __init__(self, code: VendorCode, config: dict, weights, *, rank: int = 0, world: int = 1, group=None,
                  device: torch.device | str = "cpu", dtype: torch.dtype = torch.bfloat16, weight_transform=None,
-                 act_transform: dict | None = None):
+                 act_transform: dict | None = None, experts: str = "vendor"):
         require(code, NEEDED)
         if dtype not in (torch.bfloat16, torch.float32):
             raise FidevalError(f"the DeepSeek-V3.2-Exp reference code runs in bfloat16 or float32, not {dtype}",
@@ -150,6 +150,8 @@ class DeepseekV32Driver:
         self._top: dict[str, torch.nn.Module] = {}
         self._freqs: torch.Tensor | None = None
         self._vendor = None
+        self.grouped = (grouped_experts.Grouped("deepseek-v3.2", self.m, self.kernels)
+                        if grouped_experts.check(experts) == "grouped" else None)  # else the vendor's loop
 
     # -- building and loading -------------------------------------------------------------------------------
     def _set_globals(self) -> None:
@@ -246,7 +248,15 @@ class DeepseekV32Driver:
         self._fill(block, f"layers.{i}.")
         self._hooks(block, f"layers.{i}.")
         self.reset_caches(block, 0, 0)  # no meta buffers left: the module can be moved; forward_layer sizes them
-        return block.eval()
+        return (self.grouped.install(block) if self.grouped is not None else block).eval()
+
+    def routing(self):
+        """The MoE layers (those past the ``n_dense_layers`` dense ones), experts, top-k and the vendor's ``Gate``
+        (:mod:`fideval.model.reference.gate_routes`)."""
+        from fideval.model.reference.gate_routes import Routing
+
+        a = self.args
+        return Routing(tuple(range(a.n_dense_layers, a.n_layers)), a.n_routed_experts, a.n_activated_experts, self.m.Gate)
 
     def _top_module(self, name: str) -> torch.nn.Module:
         with _LOCK:
@@ -331,7 +341,7 @@ class DeepseekV32Driver:
             with _LOCK, default_dtype(self.dtype), torch.device(self.device):
                 model = self.m.Transformer(dataclasses.replace(self.args, max_batch_size=1, n_layers=0))
             model.embed, model.norm, model.head = (self._top_module(n) for n in ("embed", "norm", "head"))
-            model.layers = torch.nn.ModuleList(self.load_layer(i) for i in range(self.n_layers))
+            model.layers = torch.nn.ModuleList(grouped_experts.vendor_loop(self.load_layer(i)) for i in range(self.n_layers))
             self._vendor = model
         for layer in self._vendor.layers:
             self.reset_caches(layer, bsz, length)

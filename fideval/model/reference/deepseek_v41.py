@@ -32,6 +32,7 @@ import torch
 from fideval.errors import FidevalError
 from fideval.model.execution.hooks import check_act_transform
 from fideval.model.execution.transforms import hook_inputs, linears
+from fideval.model.reference import deepseek_v41_kernels, grouped_experts
 from fideval.model.reference.code import VendorCode, require
 from fideval.model.reference.deepseek_v41_weights import EngramRows, Loader, NameMap
 from fideval.quant.module_classes import vendor_module_class
@@ -136,7 +137,7 @@ class DeepseekV41Driver:
 
     def __init__(self, code: VendorCode, config: dict, weights, *, rank: int = 0, world: int = 1, group=None,
                  device: str | torch.device = "cpu", dtype: torch.dtype | None = torch.bfloat16,
-                 weight_transform=None, act_transform=None):
+                 weight_transform=None, act_transform=None, experts: str = "vendor"):
         require(code, NEEDS)
         if dtype not in (None, torch.bfloat16):
             raise FidevalError(f"the DeepSeek-V4.1 reference code computes in bfloat16 only, not {dtype}",
@@ -165,7 +166,10 @@ class DeepseekV41Driver:
         self._build_layout = None if self.layout is None else dataclasses.replace(
             self.layout, num_embeddings=tuple(0 for _ in self.layout.num_embeddings))
         self.n_layers, self.vocab_size, self.hidden_size = a.n_layers, a.vocab_size, a.dim
+        deepseek_v41_kernels.on_device(m, self.device, KERNELS)
         self._kernels = {k: getattr(m, k).__module__.removeprefix(code.package + ".") for k in KERNELS if hasattr(m, k)}
+        self.grouped = (grouped_experts.Grouped("deepseek-v4.1", m, self._kernels)
+                        if grouped_experts.check(experts) == "grouped" else None)  # else the vendor's loop
         self._keeps = _slot_keeps(a)
         self._last_engram = max((i for i in a.engram_layer_ids if i < a.n_layers), default=-1)
         self._embed = self._head = self._hash = None
@@ -223,7 +227,16 @@ class DeepseekV41Driver:
             if block.engram is not None:
                 rows = self.layout.num_embeddings[block.engram.layer_hash_index]
                 block.engram_rows = EngramRows(self.loader, f"layers.{i}.engram.embed.", rows)
-            return block
+            return self.grouped.install(block) if self.grouped is not None else block
+
+    def routing(self):
+        """Every layer is an MoE layer routed by its learned ``Gate`` (Engram's hashing picks table rows, not
+        experts; the DSpark layers are not built): experts, top-k (:mod:`fideval.model.reference.gate_routes`)."""
+        from fideval.model.reference.gate_routes import Routing
+
+        a = self.args
+        n_experts, top_k = a.get_moe_config(0)
+        return Routing(tuple(range(a.n_layers)), n_experts, top_k, self.m.Gate)
 
     def forward_layer(self, i: int, block: torch.nn.Module, state: V41State) -> V41State:
         with vendor_dtype(), torch.inference_mode():

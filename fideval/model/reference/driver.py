@@ -36,6 +36,9 @@ Contract (every method runs under ``torch.inference_mode``):
 * optional ``sizing_config() -> dict``: what :mod:`fideval.model.sizing` and :mod:`fideval.model.flops` read, in
   transformers' key names, for a family transformers has no config of (V4.1); absent: the checkpoint's
   config.json (V3, V3.2). Optional ``describe() -> dict``: the model as report.json records it (V4.1).
+* optional ``routing() -> gate_routes.Routing``: the MoE layers, their experts and top-k, and the vendor's ``Gate``
+  class, whose output the runner's hooks record and force (:mod:`fideval.model.reference.gate_routes`); absent:
+  routes are refused for the family.
 * ``begin(tokens) -> state``: embedding (and any per-sequence setup: Engram n-gram ids, rotary tables,
   masks) for ``tokens`` int64 [B, L] on the device, positions 0..L-1.
 * ``load_layer(i) -> module``: build layer ``i`` with the vendor's classes (on the meta device or small,

@@ -67,9 +67,10 @@ def _family(cfg: dict, folder: Path, trust: bool) -> str:
 
 class ReferenceRunner(LayerMajor):
     """One model, one device, optionally one rank of N, run by the vendor's code (``options``: a
-    :class:`~fideval.model.runner.RunnerOptions`; its ``code``, ``trust_remote_code`` and ``reference`` fields
-    select the code, the trust and the driver's own options). The head is the driver's: float32 over every
-    position (its ``finish``), so ``options.head`` ``bf16`` is refused."""
+    :class:`~fideval.model.runner.RunnerOptions`; its ``code``, ``trust_remote_code``, ``reference`` and
+    ``reference_experts`` fields select the code, the trust, the driver's own options and its routed experts'
+    path). The head is the driver's: float32 over every position (its ``finish``), so ``options.head`` ``bf16``
+    is refused."""
 
     head_mode = "float32"
 
@@ -96,7 +97,8 @@ class ReferenceRunner(LayerMajor):
         self.driver = open_driver(self.ckpt, code=opts.code, trust=opts.trust_remote_code, device=self.device,
                                   dtype=self.dtype, rank=rank, world=world, group=group,
                                   weight_transform=opts.weight_transform,
-                                  act_transform=check_act_transform(opts.act_transform), **dict(opts.reference or {}))
+                                  act_transform=check_act_transform(opts.act_transform),
+                                  **{"experts": getattr(opts, "reference_experts", "vendor"), **dict(opts.reference or {})})
         self.rank, self.world, self.group = rank, world, group
         self.micro_batch = max(1, int(opts.micro_batch))
         self.host_budget = opts.host_budget_bytes or DEFAULT_HOST_BUDGET
@@ -105,6 +107,11 @@ class ReferenceRunner(LayerMajor):
         self.timeline = timeline if timeline is not None else Timeline(self.device, on=opts.profile)
         self.canary = None
         self.warming = False
+        self.routes = self.forcer = None  # issue 42: routes recorded / forced at the vendor's Gate (gate_routes)
+        if getattr(opts, "routes", False) or getattr(opts, "force_routes", None) is not None:
+            from fideval.model.reference import gate_routes
+
+            self.routing, self.routes, self.forcer = gate_routes.setup(self.driver, opts, getattr(self.ckpt, "dir", ""))
 
     @property
     def vocab_size(self) -> int:
@@ -154,8 +161,23 @@ class ReferenceRunner(LayerMajor):
 
     def _load(self, key: tuple) -> torch.nn.Module:
         mod = self.driver.load_layer(int(key[1]))
+        if (self.routes is not None or self.forcer is not None) and int(key[1]) in self.routing.layers:
+            from fideval.model.reference import gate_routes
+
+            gate_routes.install(mod, int(key[1]), self.routing.gate, record=self.routes, force=self.forcer)
         self.ledger.track(key, mod)
         return mod
+
+    def _announce(self, rows: list[int] | None, length: int = 0, again: bool = False, *, chunk: bool = False) -> None:
+        """The rows the next gate calls route (None: none; ``chunk``: a new chunk, routes not taken are dropped);
+        ``again``: the canary's second pass, which is not recorded again but is forced again, as its first pass was."""
+        for r in (self.routes, self.forcer):
+            if r is not None and chunk:
+                r.reset()
+        if self.routes is not None:
+            self.routes.current = None if rows is None or again else (rows, length)
+        if self.forcer is not None:
+            self.forcer.current = None if rows is None else (rows, length)
 
     def _chunk(self, tokens: np.ndarray, mbs: list[list[int]], ci: int, solo: set[int] = frozenset(),
                canary: int | None = None) -> Iterator[tuple[int, int, torch.Tensor]]:
@@ -172,6 +194,7 @@ class ReferenceRunner(LayerMajor):
 
         try:
             with torch.inference_mode():
+                self._announce(None, chunk=True)
                 states = []
                 for j, mb in enumerate(mbs):
                     with mb_part(j), tl.part("embed"):
@@ -187,8 +210,10 @@ class ReferenceRunner(LayerMajor):
                                 part = part or ("moe" if hasattr(sub, "experts") else "dense_mlp")
                                 module_parts(sub, tl, part)
                     for j in range(len(states)):
+                        self._announce(mbs[j], tokens.shape[1], j == canary)
                         with mb_part(j), tl.part("norms"):  # what attention and MLP parts leave
                             states[j] = drv.forward_layer(i, layer, states[j])
+                    self._announce(None)
                     del layer
                     pf.release()
                 for j, mb in enumerate(mbs):
