@@ -94,7 +94,7 @@ def _break(edit):
     (lambda o: o["settings"].update(quantiles=[0.5, "x"]), "'settings.quantiles[1]' is 'x', expected number"),
     (lambda o: o["plots"][0].pop("kind"), "missing key 'plots[0].kind'"),
     (lambda o: o["provenance"]["dataset"].update(windows={}), "provenance.dataset: 'windows' is {}, expected list"),
-    (lambda o: o.update(version=4), "has report format version 4 (a newer fideval); this fideval reads version 1, 2, 3"),
+    (lambda o: o.update(version=5), "has report format version 5 (a newer fideval); this fideval reads version 1, 2, 3, 4"),
     (lambda o: o.update(version=0), "has report format version 0 (an older fideval)"),
     (lambda o: o.update(format="fideval.score"), "is not a fideval.report file (format 'fideval.score')"),
 ])

@@ -64,7 +64,7 @@ def _frame(dirs, i):
 def test_figures_match_independent_computation(demo, report):
     root, dirs = demo
     rep, _ = report
-    assert rep["format"] == "fideval.report" and rep["version"] == 3
+    assert rep["format"] == "fideval.report" and rep["version"] == 4
     by_key = {(r["candidate"], r["path"], r["length"]): r for r in rep["results"]}
     df = _frame(dirs, 0)  # q4 serving 256
     r = by_key[("q4", "serving", 256)]
@@ -399,7 +399,7 @@ def test_bad_inputs_are_one_line(demo, tmp_path):
     assert code == 2 and "sequence code-000 of q4/serving/256 is in both" in err
 
 
-@pytest.mark.parametrize("version,word", [(0, "an older"), (4, "a newer")])
+@pytest.mark.parametrize("version,word", [(0, "an older"), (5, "a newer")])
 def test_card_and_check_refuse_other_versions(report, tmp_path, version, word):
     rep, _ = report
     p = tmp_path / "report.json"
@@ -407,7 +407,7 @@ def test_card_and_check_refuse_other_versions(report, tmp_path, version, word):
     for verb in (["check", str(p)], ["card", str(p), "--out", str(tmp_path / "README.md")]):
         code, _, err = run_fideval(*verb)
         assert code == 2 and err.count("\n") == 1
-        assert f"report format version {version} ({word} fideval); this fideval reads version 1, 2, 3" in err
+        assert f"report format version {version} ({word} fideval); this fideval reads version 1, 2, 3, 4" in err
 
 
 def test_reads_the_scorers_writer_and_splits_lengths(tmp_path):

@@ -87,10 +87,13 @@ def card(
     write_text(out, text)
     typer.echo(f"{out}: model card written")
     if html is not None:
+        import os
+
         from fideval.report.card import pick_candidate
         from fideval.report.results_page import page
 
-        write_text(html, page(text, f"fideval results: {pick_candidate(rep, candidate)}"))
+        base = Path(os.path.relpath(out.resolve().parent, html.resolve().parent)).as_posix()  # the card's plots
+        write_text(html, page(text, f"fideval results: {pick_candidate(rep, candidate)}", base))
         typer.echo(f"{html}: results page written")
 
 

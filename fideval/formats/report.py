@@ -1,4 +1,4 @@
-"""``report.json`` (format ``fideval.report`` v2; v1 still read): what ``fideval report`` measured, from what, how.
+"""``report.json`` (format ``fideval.report`` v4; v1 to v3 still read): what ``fideval report`` measured, from what, how.
 
 Written by ``fideval.report.build``, read by ``fideval card`` and ``fideval check``
 (``fideval.report.schema.load_report``). The blocks the card and check read by name (settings,
@@ -13,6 +13,10 @@ its Wilson intervals; every interval names ``method``, ``unit``, ``resamples``, 
 ``clusters``; comparisons gain build differences and path ratios with ``excludes``; results gain ``views``;
 the report gains ``noise_floor``. A version 1 report is read as it is (its ``ci`` is then the BCa's, and
 its ``method`` says so): ``card`` and ``check`` label every interval by its ``method``.
+
+Version 4 (issue 42): ``routing``, the routing fidelity of a mixture-of-experts build (null without routes or
+route-controlled records; fideval.report.route_section), and route-controlled records (path ``P+teacher-routes``)
+are no ``results`` entry. A version 3 report is read as written (without the key).
 """
 
 from __future__ import annotations
@@ -145,7 +149,8 @@ class Plot(Model):
     HINT = _HINT
 
     file: str = key("PNG file name beside report.json")
-    kind: str = key("`kld-cdf`, `kld-position` or `top1-confidence`")
+    kind: str = key("`kld-cdf`, `kld-position`, `top1-confidence`, `token-classes` or `routing` (per MoE layer: "
+                    "the build's routing against the teacher's)")
     candidate: str = key("candidate")
     path: str = key("path")
     length: int = key("length")
@@ -154,13 +159,13 @@ class Plot(Model):
 @dataclass(frozen=True, kw_only=True)
 class Report(Model):
     FORMAT = "fideval.report"
-    VERSION = 3
-    READABLE = (1, 2, 3)
+    VERSION = 4
+    READABLE = (1, 2, 3, 4)
     KIND = "report format"
     HINT = _HINT
 
     format: str = key("`fideval.report`", default=FORMAT)
-    version: int = key("`3` (`1`, `2`: read as written)", default=VERSION)
+    version: int = key("`4` (`1`, `2`, `3`: read as written)", default=VERSION)
     settings: Settings = key("the statistics' settings")
     provenance: Provenance = key("what was measured, against what, by which fideval")
     results: list[Result] = key("one per records set, sorted by (candidate, path, length)")
@@ -180,6 +185,11 @@ class Report(Model):
     token_classes: dict[str, Any] | None = key("figures per token class (`fideval.token-class-figures` v1: `status`, "
                                                "`source`, `classes`, `results`, `comparisons`; docs/formats-classes.md)",
                                                default=None, since=3)
+    routing: dict[str, Any] | None = key("routing fidelity of a mixture-of-experts build (`fideval.report-routing` v1: "
+                                         "`sets` with the routing figures per candidate, path and length, overall and "
+                                         "per MoE layer; `decomposition`: the KLD of the free and the route-controlled "
+                                         "run, routing's share and fraction; ROUTING); null when no records have "
+                                         "routes and none are route-controlled", default=None, since=4)
 
     def problem(self) -> str | None:
         """Figures no computation can give (a negative mean KLD, an agreement outside [0, 1]) are refused where

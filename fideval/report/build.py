@@ -21,7 +21,7 @@ import numpy as np
 from fideval.config import Config, ReportConfig
 from fideval.errors import FidevalError
 from fideval.provenance import canonical_hash, tool_block
-from fideval.report import checks
+from fideval.report import checks, route_section
 from fideval.report.classes import class_report
 from fideval.report.comparisons import comparisons
 from fideval.report.coverage import coverage, refuse_partial, token_links
@@ -156,7 +156,8 @@ def _provenance(
             )
             for p in rs.parts
         }
-        info = candidate_identity(rs.candidate, [(p.folder, p.score.get("candidate_info")) for p in rs.parts])
+        info = candidate_identity(rs.candidate, [(p.folder, route_section.build_info(p.score.get("candidate_info")))
+                                                 for p in rs.parts])
         mine = cand.setdefault(rs.candidate, entry)  # one build on every path and length:
         mine["info"] = candidate_identity(rs.candidate, [("its other records", mine.get("info")), (rs.where, info)])
         cand[rs.candidate]["scoring"].append(
@@ -237,17 +238,22 @@ def build(
     rc = settings or (cfg.report if cfg is not None else ReportConfig())
     loaded = [[rs for d in dirs for rs in load_records(d)] for dirs in (record_dirs, self_check_dirs, noise_dirs)]
     links = token_links([rs for group in loaded for rs in group], windows)  # per folder: before they are merged
-    sets, self_sets, noise_sets = (merge(group) for group in loaded)
+    every, self_sets, noise_sets = (merge(group) for group in loaded)
+    sets, forced_sets = route_section.split(every)  # route-controlled runs: checked, but no build's results
+    if not sets:
+        raise FidevalError(f"only route-controlled records given ({forced_sets[0].where})",
+                           hint="pass the free run's records too (--records of path P beside P+teacher-routes)")
+    every = sets + forced_sets
     manifests = list(manifests)
-    cov = coverage(sets, cfg, windows)
+    cov = coverage(every, cfg, windows)
     if not allow_partial:
         refuse_partial(cov)
-    clusters = Clusters.from_pairs(_window_domains(sets + noise_sets))
+    clusters = Clusters.from_pairs(_window_domains(every + noise_sets))
     counts = resample_counts(clusters, rc.resamples, rc.seed)
-    domains = _domain_order(sets, windows, cfg)
+    domains = _domain_order(every, windows, cfg)
     strata = np.unique(np.asarray(clusters.strata), return_inverse=True)[1]
-    figs, noise = {}, {}
-    for into, rs in [(figs, r) for r in sets] + [(noise, r) for r in noise_sets]:
+    figs, noise, forced = {}, {}, {}
+    for into, rs in [(figs, r) for r in sets] + [(noise, r) for r in noise_sets] + [(forced, r) for r in forced_sets]:
         codes = clusters.codes(rs.cols["window_id"])
         into[rs.key] = SetFigures(
             rs,
@@ -270,16 +276,20 @@ def build(
         "format": FORMAT,
         "version": VERSION,
         "settings": _settings(rc) | {"clusters": clusters.size, "domains": domains},
-        "provenance": _provenance(sets, self_sets, windows, cfg, manifests, clusters),
+        "provenance": _provenance(every, self_sets, windows, cfg, manifests, clusters),
         "results": [figs[k].result for k in sorted(figs)],
         "comparisons": comparisons(figs, counts, rc.confidence, rc.seed, strata),
-        "checks": checks.run_all(sets, self_sets, windows, manifests, links) + [checks.coverage_check(cov)],
+        "checks": checks.run_all(every, self_sets, windows, manifests, links) + [checks.coverage_check(cov)],
         "coverage": cov,
         "gates": gates,
         "plots": [],
         "noise_floor": noise_floor(noise, figs),
         "token_classes": class_report(sets, figs, windows),  # fideval/report/classes.py
     }
+    # routes recorded, or route-controlled runs given (fideval/report/route_section.py); else null
+    report["routing"] = route_section.routing_block(every, figs, forced, clusters=clusters, counts=counts,
+                                                    strata=strata, confidence=rc.confidence, seed=rc.seed,
+                                                    manifests=manifests)
     summaries = {}
     for cand, path in sorted({(rs.candidate, rs.path) for rs in sets}):
         summaries[f"summary-{cand}-{path}.json"] = plain(
@@ -318,8 +328,10 @@ def write(built: Built, out_dir: str | Path, *, plots: bool = True) -> Path:
         if plots:
             from fideval.report.class_plots import write_class_plots
             from fideval.report.plots import write_plots
+            from fideval.report.route_section import write_routing_plots
 
-            built.report["plots"] = write_plots(built.figures, stage) + write_class_plots(built.report, stage)
+            built.report["plots"] = (write_plots(built.figures, stage) + write_class_plots(built.report, stage)
+                                     + write_routing_plots(built.report, stage))
         for name, obj in built.summaries.items():
             write_json(stage / name, obj)
         obj = plain(built.report)

@@ -22,6 +22,7 @@ from typing import Any
 from fideval.errors import FidevalError
 from fideval.report import card_meta
 from fideval.report.card_intervals import Cell, Notes, beside_context, few_windows, reason
+from fideval.report.card_routing import routing_context
 from fideval.report.class_card import class_context
 from fideval.stats.quantiles import TAIL_WINDOWS
 
@@ -261,6 +262,7 @@ def card_context(
         "report_sha256": report_sha256,
         "lossy_teachers": [t for t in prov.get("teacher_stores") or [] if t.get("lossy")],
         "token_classes": class_context(report, candidate, _ci),  # fideval/report/class_card.py
+        "routing": routing_context(report, candidate, report_dir, out_dir, _ci, _pct, notes),  # card_routing.py
     }
 
 

@@ -28,12 +28,18 @@ def body_of(card: str) -> str:
     return re.sub(r"\n## Plots\n.*?(?=\n## |\Z)", "\n", text, flags=re.S).strip() + "\n"
 
 
-def page(card: str, title: str) -> str:
+def page(card: str, title: str, base: str | None = None) -> str:
+    """The page; ``base``: the card's folder relative to the page's, which a plot the card shows in its body (the
+    Routing section's) is linked through when the page is written elsewhere than the card."""
     from markdown_it import MarkdownIt
 
     md = MarkdownIt("commonmark", {"html": False}).enable("table")
+    body = md.render(body_of(card))
+    if base not in (None, "", "."):
+        body = re.sub(r'(<img src=")(?![a-zA-Z][a-zA-Z0-9+.-]*:|/|#)([^"]*)"',
+                      lambda m: f'{m.group(1)}{html.escape(base.rstrip("/"))}/{m.group(2)}"', body)
     return (
         f"<!DOCTYPE html>\n<html lang=\"en\">\n<head>\n<meta charset=\"utf-8\">\n{GENERATOR_TAG}\n"
         f"<title>{html.escape(title)}</title>\n<style>{STYLE}</style>\n</head>\n<body>\n"
-        f"{md.render(body_of(card))}</body>\n</html>\n"
+        f"{body}</body>\n</html>\n"
     )

@@ -32,6 +32,7 @@ from fideval.formats.ids import window_of
 
 FORMAT, VERSION = "fideval.routing", 1
 SHARES = ("exact_agreement", "jaccard", "top1")
+FIGURES = ("exact_agreement", "jaccard", "top1", "l1_drift", "first_flip")  # per layer; overall: the first four
 SCALES = {"exact_agreement": "logit", "jaccard": "logit", "top1": "logit", "l1_drift": "log", "first_flip": "logit",
           "no_flip": "logit", "any_flip": "logit"}
 
@@ -71,13 +72,9 @@ def _sha(path: Path) -> str:
     return hashlib.sha256(path.read_bytes()).hexdigest()
 
 
-def routing(teacher: str | Path, candidate: str | Path, *, confidence: float = 0.95, resamples: int = 2000,
-            seed: int = 0) -> dict[str, Any]:
-    """routing.json's content for the candidate's routes against the teacher's (the candidate's sequences, each of
-    which the teacher must hold: same MoE layers, top-k and experts)."""
-    from fideval.stats.clusters import Clusters, resample_counts
-    from fideval.stats.intervals import mean_intervals
-
+def _pair(teacher: str | Path, candidate: str | Path) -> tuple[Path, dict[str, Any], Path, dict[str, Any]]:
+    """One (teacher routes, candidate routes) pair, opened and checked: same MoE layers, top-k and experts, and every
+    sequence of the candidate's held by the teacher's."""
     td, ti = _load(teacher, "teacher")
     cd, ci = _load(candidate, "candidate")
     for key in ("layers", "top_k", "n_experts"):
@@ -88,18 +85,51 @@ def routing(teacher: str | Path, candidate: str | Path, *, confidence: float = 0
     if missing:
         raise FidevalError(f"the teacher's routes lack {len(missing)} of the candidate's sequences (first: {missing[0]})",
                            hint="record the teacher's routes over the same sequences (fideval teacher --routes)")
-    layers, n_experts = list(ti["layers"]), int(ti["n_experts"])
-    seqs = sorted(ci["sequences"])
-    windows = {window_of(s): window_of(s).rsplit("-", 1)[0] for s in seqs}
-    clusters = Clusters.from_pairs(windows)
+    return td, ti, cd, ci
+
+
+def figures(pairs: list[tuple[str | Path, str | Path]], *, confidence: float = 0.95, resamples: int = 2000,
+            seed: int = 0, clusters: Any = None, counts: np.ndarray | None = None,
+            strata: np.ndarray | None = None) -> dict[str, Any]:
+    """The routing figures pooled over several (teacher routes, candidate routes) pairs (a report's: one pair per
+    domain's records folder): every sequence of every candidate counted once, windows as clusters, domains as strata.
+
+    ``clusters``/``counts``/``strata``: the report's windows, its one resample matrix and each window's domain code
+    (a window the routes hold must be one of them); without them the windows of the routes themselves, the domain
+    being the window id's prefix, resampled ``resamples`` times from ``seed``."""
+    from fideval.stats.clusters import Clusters, resample_counts
+    from fideval.stats.intervals import mean_intervals
+
+    opened = [_pair(t, c) for t, c in pairs]
+    if not opened:
+        raise FidevalError("no routes to compare", hint=rf.HINT)
+    ti0 = opened[0][1]
+    for _, ti, _, _ in opened[1:]:
+        for key in ("layers", "top_k", "n_experts"):
+            if ti.get(key) != ti0.get(key):
+                raise FidevalError(f"routes pooled into one figure have {key} {ti.get(key)} and {ti0.get(key)}",
+                                   hint="pool the routes of one model's runs")
+    seqs: dict[str, tuple[Path, Path]] = {}
+    for td, _, cd, ci in opened:
+        for s in sorted(ci["sequences"]):
+            if s in seqs:
+                raise FidevalError(f"sequence {s} has routes in both {seqs[s][1]} and {cd}", hint="give each sequence once")
+            seqs[s] = (td, cd)
+    if clusters is None:
+        clusters = Clusters.from_pairs({window_of(s): window_of(s).rsplit("-", 1)[0] for s in seqs})
+        strata = np.asarray(clusters.strata, dtype=object)
+        counts = resample_counts(clusters, resamples, seed)
     code = clusters.index()
+    layers, n_experts = list(ti0["layers"]), int(ti0["n_experts"])
     g, n_l = clusters.size, len(layers)
-    names = [f for f in ("exact_agreement", "jaccard", "top1", "l1_drift", "first_flip")]
-    # columns: per layer each figure, then overall each pooled figure, then no_flip
+    names = list(FIGURES)
     sums = {f: np.zeros((g, n_l)) for f in names}
-    tokens = np.zeros(g)
-    no_flip = np.zeros(g)
-    for s in seqs:
+    tokens, no_flip = np.zeros(g), np.zeros(g)
+    for s in sorted(seqs):
+        td, cd = seqs[s]
+        if window_of(s) not in code:
+            raise FidevalError(f"{cd}: sequence {s}'s window is not among the records' windows",
+                               hint="the routes must come from the run of the records beside them")
         t, c = rf.read_sequence(td / f"{s}.safetensors"), rf.read_sequence(cd / f"{s}.safetensors")
         if t["ids"].shape != c["ids"].shape:
             raise FidevalError(f"sequence {s}: the teacher's routes are {list(t['ids'].shape)}, the candidate's "
@@ -110,27 +140,34 @@ def routing(teacher: str | Path, candidate: str | Path, *, confidence: float = 0
             sums[f][w] += figs[f].sum(axis=1)
         tokens[w] += t["ids"].shape[1]
         no_flip[w] += figs["no_flip"].sum()
+    # columns: per layer each figure, then overall each pooled figure, then any_flip and no_flip
     per_layer_cols = [sums[f][:, j] for j in range(n_l) for f in names]
     overall_cols = [sums[f].sum(axis=1) for f in names[:4]]
-    cols = per_layer_cols + overall_cols + [tokens - no_flip, no_flip]
-    s_mat = np.stack(cols, axis=1)
-    n_mat = np.stack([tokens] * (len(per_layer_cols)) + [tokens * n_l] * len(overall_cols) + [tokens, tokens], axis=1)
+    s_mat = np.stack(per_layer_cols + overall_cols + [tokens - no_flip, no_flip], axis=1)
+    n_mat = np.stack([tokens] * len(per_layer_cols) + [tokens * n_l] * len(overall_cols) + [tokens, tokens], axis=1)
     scales = [SCALES[f] for _ in range(n_l) for f in names] + [SCALES[f] for f in names[:4]] + ["logit", "logit"]
-    strata = np.asarray(clusters.strata, dtype=object)
-    counts = resample_counts(clusters, resamples, seed)
     blocks = mean_intervals(s_mat, n_mat, counts, strata, scales, confidence=confidence, seed=seed)
-    per_layer = []
-    for j, layer in enumerate(layers):
-        per_layer.append({"layer": int(layer), **{f: blocks[j * len(names) + k] for k, f in enumerate(names)}})
+    per_layer = [{"layer": int(layer), **{f: blocks[j * len(names) + k] for k, f in enumerate(names)}}
+                 for j, layer in enumerate(layers)]
     base = n_l * len(names)
     overall = {f: blocks[base + k] for k, f in enumerate(names[:4])}
     overall["any_flip"], overall["no_flip"] = blocks[base + 4], blocks[base + 5]
+    return {"layers": [int(x) for x in layers], "top_k": int(ti0["top_k"]), "n_experts": n_experts,
+            "sequences": len(seqs), "windows": int((tokens > 0).sum()), "tokens": int(tokens.sum()),
+            "confidence": confidence, "resamples": int(counts.shape[0]), "seed": seed, "overall": overall,
+            "per_layer": per_layer}
+
+
+def routing(teacher: str | Path, candidate: str | Path, *, confidence: float = 0.95, resamples: int = 2000,
+            seed: int = 0) -> dict[str, Any]:
+    """routing.json's content for the candidate's routes against the teacher's (the candidate's sequences, each of
+    which the teacher must hold: same MoE layers, top-k and experts)."""
+    td, ti, cd, ci = _pair(teacher, candidate)
+    out = figures([(teacher, candidate)], confidence=confidence, resamples=resamples, seed=seed)
     return {"format": FORMAT, "version": VERSION,
             "teacher": {"routes": str(td), "index_sha256": _sha(td / rf.INDEX), "shards": ti.get("shards")},
             "candidate": {"routes": str(cd), "index_sha256": _sha(cd / rf.INDEX), "records_sha256": ci.get("records_sha256")},
-            "layers": [int(x) for x in layers], "top_k": int(ti["top_k"]), "n_experts": n_experts,
-            "sequences": len(seqs), "windows": g, "tokens": int(tokens.sum()), "confidence": confidence,
-            "resamples": resamples, "seed": seed, "overall": overall, "per_layer": per_layer}
+            **out}
 
 
 def plot(result: dict[str, Any], path: str | Path) -> None:
