@@ -39,11 +39,12 @@ from fideval.errors import FidevalError
 # they are; F16 and BF16 weights round the activations to F16 / BF16.
 VEC_DOT_TYPE = {
     "F32": "F32", "F16": "F16", "BF16": "BF16",
-    "Q4_0": "Q8_0", "Q5_0": "Q8_0", "Q8_0": "Q8_0", "MXFP4": "Q8_0", "IQ4_NL": "Q8_0",
-    "Q4_1": "Q8_1", "Q5_1": "Q8_1",
+    "Q4_0": "Q8_0", "Q5_0": "Q8_0", "Q8_0": "Q8_0", "MXFP4": "Q8_0", "NVFP4": "Q8_0", "IQ4_NL": "Q8_0",
+    "Q1_0": "Q8_0", "Q2_0": "Q8_0",
+    "Q4_1": "Q8_1", "Q5_1": "Q8_1", "Q8_1": "Q8_1",
     "Q2_K": "Q8_K", "Q3_K": "Q8_K", "Q4_K": "Q8_K", "Q5_K": "Q8_K", "Q6_K": "Q8_K",
     "IQ4_XS": "Q8_K", "IQ2_XXS": "Q8_K", "IQ2_XS": "Q8_K", "IQ2_S": "Q8_K", "IQ3_XXS": "Q8_K", "IQ3_S": "Q8_K",
-    "IQ1_S": "Q8_K", "IQ1_M": "Q8_K",
+    "IQ1_S": "Q8_K", "IQ1_M": "Q8_K", "TQ1_0": "Q8_K", "TQ2_0": "Q8_K",
 }
 BLOCK = {"Q8_0": 32, "Q8_1": 32, "Q8_K": 256}
 VARIANTS = ("x86", "ref")
