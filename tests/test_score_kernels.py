@@ -167,6 +167,24 @@ def test_one_row_and_nonfinite_flags(backend):
     np.testing.assert_array_equal(bad, [True, True, True, False])
 
 
+def test_torch_blocks_without_nonfinite_values_skip_the_masks_with_the_same_bits():
+    """The torch kernel's plain sums where a block is all finite (its masks only where one is not): the figures, flags
+    and row mask are those of the masked sums bit for bit; a block holding -inf, +inf or NaN takes the masks."""
+    rng = np.random.default_rng(9)
+    a, b, t = (torch.from_numpy(x) for x in realistic(rng, 64, 4096, 0.05))
+    plain = torch_kernel._score_block(a, b, t)
+    masked = torch_kernel._score_block(a, b, t, careful=True)
+    for x, y in zip(plain, masked):
+        assert torch.equal(x, y)
+    for value in (-np.inf, np.inf, np.nan):
+        b2 = b.clone()
+        b2[3, 7] = value
+        auto, want = torch_kernel._score_block(a, b2, t), torch_kernel._score_block(a, b2, t, careful=True)
+        for x, y in zip(auto, want):
+            assert torch.equal(x.nan_to_num(), y.nan_to_num())
+        assert bool(auto[2][3]) == (value != -np.inf) and (value != -np.inf or bool(auto[0][3, 0] == np.inf))
+
+
 def test_rel_diff_floor_and_infinities():
     assert rel_diff(np.float64(1e-6 + 1e-15), np.float64(1e-6), 1e-2) == pytest.approx(1e-13)
     assert rel_diff(np.float64(2.0), np.float64(1.0), 1e-2) == 1.0

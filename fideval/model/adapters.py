@@ -156,8 +156,10 @@ class Adapter:
             raise FidevalError(f"{where}: architecture {arch!r} is not in the installed transformers "
                                f"{transformers.__version__}", hint="upgrade transformers (tested with 5.25)") from None
         model_cls = getattr(modeling, arch)
-        if attn_implementation is None:
-            attn_implementation = "sdpa" if getattr(model_cls, "_supports_sdpa", False) else "eager"
+        if attn_implementation is None:  # sdpa, with MLA's narrower values padded on a CPU (execution/cpu_attention.py)
+            from fideval.model.execution import cpu_attention
+
+            attn_implementation = cpu_attention.choose(modeling) if getattr(model_cls, "_supports_sdpa", False) else "eager"
         config._attn_implementation = attn_implementation
         # explicit: a layer built outside PreTrainedModel would fall back to eager experts; only where the model
         # class has experts whose implementation can be set (transformers refuses the setting elsewhere)

@@ -24,23 +24,39 @@ def nonfinite_rows(logits: torch.Tensor) -> torch.Tensor:
     return bad | ~torch.isfinite(logits).any(dim=-1)
 
 
-def _score_block(a32: torch.Tensor, b32: torch.Tensor, t: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+def _all_finite(x: torch.Tensor) -> bool:
+    """Every value finite, from one float32 sum: a NaN or an infinity makes the sum non-finite; a finite sum can
+    come only from finite values (an overflow of finite values gives inf: then the careful path runs, as it would)."""
+    return bool(torch.isfinite(x.sum()))
+
+
+def _score_block(a32: torch.Tensor, b32: torch.Tensor, t: torch.Tensor,
+                 careful: bool | None = None) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """``careful``: the masks for -inf, +inf and NaN logits (None: only where a block holds a non-finite value; the
+    masked sums of an all-finite block are the plain sums term for term, so both give the same bits)."""
+    if careful is None:
+        careful = not (_all_finite(a32) and _all_finite(b32))
     a, b = a32.double(), b32.double()
     ma = a.max(dim=1, keepdim=True).values
     mb = b.max(dim=1, keepdim=True).values
     xa, xb = a - ma, b - mb
     ea, eb = torch.exp(xa), torch.exp(xb)
     sa, sb = ea.sum(dim=1), eb.sum(dim=1)
-    fa, fb = torch.isfinite(a), torch.isfinite(b)
-    both = fa & fb  # p > 0 exactly where a is finite (whether or not exp underflows)
     e = xa - xb
-    zero = torch.zeros((), dtype=torch.float64, device=a.device)
-    ep_e = torch.where(both, ea * e, zero).sum(dim=1) / sa
-    eq_e = torch.where(both, eb * e, zero).sum(dim=1) / sb
-    ep_x = torch.where(fa, ea * xa, zero).sum(dim=1) / sa
-    kl_inf = (fa & ~fb).any(dim=1)
-    rkl_inf = (fb & ~fa).any(dim=1)
-    del e, ea, eb, xa, xb, fa, fb, both
+    if careful:
+        fa, fb = torch.isfinite(a), torch.isfinite(b)
+        both = fa & fb  # p > 0 exactly where a is finite (whether or not exp underflows)
+        zero = torch.zeros((), dtype=torch.float64, device=a.device)
+        ep_e = torch.where(both, ea * e, zero).sum(dim=1) / sa
+        eq_e = torch.where(both, eb * e, zero).sum(dim=1) / sb
+        ep_x = torch.where(fa, ea * xa, zero).sum(dim=1) / sa
+        kl_inf = (fa & ~fb).any(dim=1)
+        rkl_inf = (fb & ~fa).any(dim=1)
+        del fa, fb, both
+    else:
+        ep_e, eq_e, ep_x = (ea * e).sum(dim=1) / sa, (eb * e).sum(dim=1) / sb, (ea * xa).sum(dim=1) / sa
+        kl_inf = rkl_inf = torch.zeros(a.shape[0], dtype=torch.bool, device=a.device)
+    del e, ea, eb, xa, xb
     log_ratio = torch.log(sa / sb)
     inf = torch.tensor(float("inf"), dtype=torch.float64, device=a.device)
     at = a.gather(1, t[:, None])[:, 0]
@@ -61,7 +77,8 @@ def _score_block(a32: torch.Tensor, b32: torch.Tensor, t: torch.Tensor) -> tuple
     idx = torch.arange(b32.shape[1], device=b32.device)
     rank = (b32 > bi).sum(dim=1) + ((b32 == bi) & (idx[None, :] < ia[:, None])).sum(dim=1)
     flags = torch.stack([rank < 1, rank < 5, rank < 10, ia == t], dim=1)
-    return figs, flags, nonfinite_rows(a32) | nonfinite_rows(b32)
+    bad = nonfinite_rows(a32) | nonfinite_rows(b32) if careful else torch.zeros_like(kl_inf)
+    return figs, flags, bad
 
 
 def score_rows(ref: torch.Tensor, cand: torch.Tensor, targets: torch.Tensor, *,
