@@ -81,7 +81,7 @@ def test_demo_config_still_passes_and_prints_the_store_size(tmp_path):
     # 6 domains x 6 x 2048 tokens, hidden (the default store, issue 41): float32 states, the head once (hard-linked)
     assert ("teacher stores (hidden): 2 x 73,728 rows x 128 x 4 B + the head 4,096 x 128 x 4 B (lm_head.weight is F32), "
             "one file hard-linked into every store = 77.6 MB; as logits 2.42 GB") in r.stdout
-    assert r.stdout.rstrip().endswith("ok (run 'demo', 6 domains, 1 candidates)")
+    assert r.stdout.rstrip().endswith("ok (run 'demo', 6 domains, 3 candidates)")
 
 
 def test_tiny_models_pass(models, tmp_path):

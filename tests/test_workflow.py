@@ -71,16 +71,28 @@ def test_rules_pass_the_files_they_declare():
     (report,) = [s.split() for s in shells if s.startswith("fideval report")]
     given = {opt: [report[i + 1] for i, a in enumerate(report) if a == opt] for opt in ("--windows", "--records", "--self-check")}
     assert given["--windows"] == ["results/demo/windows/eval-windows.json"]
-    assert len(given["--records"]) == 2 * 2 * 6 and len(given["--self-check"]) == 2 * 6
+    # mxfp4 on serving and weights-only, each also with the teacher's routes forced; mxfp6 and mxfp8 on weights-only
+    assert len(given["--records"]) == (4 + 1 + 1) * 2 * 6 and len(given["--self-check"]) == 2 * 6
+    assert sum("+teacher-routes/" in r for r in given["--records"]) == 2 * 2 * 6
+    forced = [s for s in shells if s.startswith("fideval score") and "--path serving+teacher-routes" in s]
+    assert len(forced) == 2  # a length each; the verb reads the path's suffix as --teacher-routes
+    (compare,) = [s for s in shells if s.startswith("fideval compare")]
+    assert compare.startswith("fideval compare reports/demo/report.json --path weights-only --length 2048")
+    (card,) = [s for s in shells if s.startswith("fideval card")]
+    assert "--comparison reports/demo/family/comparison.json" in card
     assert all(f.endswith("/records.parquet") for f in given["--records"] + given["--self-check"])
 
 
-DEMO_JOBS = 18  # issue 45: one job per (rule, length[, candidate, path]) runs every domain (it was 78, one a domain)
+# issue 45: one job per (rule, length[, candidate, path]) runs every domain (it was 78, one a domain): 18 for the one
+# build on two paths; with its two route-controlled paths (issue 42), two more builds on one path and the comparison
+# of the three (issue 43): 18 + 2 x 4 score jobs + 1 = 27
+DEMO_JOBS = 27
 
 
 def test_the_demo_is_a_few_jobs_of_the_right_size():
-    """The demo's dry run plans at most DEMO_JOBS jobs: windows, selftest, report, card, check, `all`, and per length one
-    teacher, one noise-floor teacher, one self-check, one noise-floor score and one score per candidate path."""
+    """The demo's dry run plans at most DEMO_JOBS jobs: windows, selftest, report, compare, card, check, `all`, and per
+    length one teacher, one noise-floor teacher, one self-check, one noise-floor score and one score per candidate
+    path (a route-controlled path included)."""
     r = snakemake("-n", "--forceall", "--directory", str(ROOT))
     assert r.returncode == 0, r.stderr[-2000:]
     (total,) = {int(ln.split()[1]) for ln in (r.stdout + r.stderr).splitlines() if ln.startswith("total ")}  # the job stats

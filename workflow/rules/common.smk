@@ -34,9 +34,28 @@ C = CFG.windows.cut_tokens
 WPD = CFG.windows.windows_per_domain
 DOMAINS = [d.name for d in CFG.domains]
 KINDS = list(CFG.teacher.lengths)
-CANDIDATES = {c.name: list(c.paths) for c in CFG.candidates}
+# a candidate's routing (docs/formats-routes.md): `record` has the teacher and its runs record their routes;
+# `decompose` also runs each path with the teacher's routes forced (path "<path>+teacher-routes", its own records)
+TEACHER_ROUTES = any(c.routing != "off" for c in CFG.candidates)
+CANDIDATES = {
+    c.name: list(c.paths)
+    + ([f"{p}+teacher-routes" for p in c.paths] if c.routing == "decompose" else [])
+    for c in CFG.candidates
+}
 MP = CFG.teacher.model_parallel
 HEADLINE = CFG.candidates[0].name if CFG.candidates else "none"
+# several builds scored on one path: `fideval compare` ranks them (size vs mean KLD, the frontier, simultaneous
+# intervals) at the windows' length on the first path they all share, and the card gets that section (issue 43)
+SHARED_PATHS = [
+    p
+    for p in (CFG.candidates[0].paths if CFG.candidates else [])
+    if all(p in c.paths for c in CFG.candidates)
+]
+FAMILY = (
+    (SHARED_PATHS[0], W if "windows" in KINDS else C)
+    if len(CFG.candidates) >= 2 and SHARED_PATHS
+    else None
+)
 # teacher.fused: one `fideval fused` job per (length, domain) writes the store, every emulated candidate's records
 # and the self-check (workflow/rules/teacher.smk); real builds keep their own `score` jobs
 FUSED = bool(CFG.teacher.fused)
@@ -61,7 +80,7 @@ wildcard_constraints:
     kind="windows|cuts",
     domain=r"[a-z0-9][a-z0-9_-]*",
     candidate=r"[a-z0-9][a-z0-9_.-]*",
-    path="serving|weights-only|llamacpp",
+    path=r"(serving|weights-only|llamacpp)(\+teacher-routes)?",
 
 
 def windows_dir(run):
@@ -83,10 +102,19 @@ def shard_outputs(kind, domain="{domain}", run="{run}", root="teacher"):
         if STORE == "hidden"
         else []
     )
-    return [
-        f"results/{run}/{root}/{kind}/{domain}/shards/{i}.safetensors"
-        for i in seq_ids(kind, domain)
-    ] + head  # a hidden store's lm head (docs/formats-store.md) is part of it
+    routes = (
+        [f"results/{run}/{root}/{kind}/{domain}/routes/routes.json"]
+        if TEACHER_ROUTES and root == "teacher"
+        else []
+    )
+    return (
+        [
+            f"results/{run}/{root}/{kind}/{domain}/shards/{i}.safetensors"
+            for i in seq_ids(kind, domain)
+        ]
+        + head  # a hidden store's lm head (docs/formats-store.md) is part of it
+        + routes  # and the teacher's routes index when a candidate's routing asks for it
+    )
 
 
 # One job per (rule, length[, candidate, path]) runs every domain, one after another in one process: the verb
@@ -175,10 +203,15 @@ def final_outputs():
     kept += teacher_manifests(RUN)
     for d in records_dirs(RUN) + selfcheck_dirs(RUN) + noise_dirs(RUN):
         kept += [f"{d}/records.parquet", f"{d}/score.json"]
-    return kept + [
-        f"reports/{RUN}/report.json",
-        f"reports/{RUN}/plots",
-        f"reports/{RUN}/README.md",
-        f"reports/{RUN}/results.html",
-        f"reports/{RUN}/check.txt",
-    ]
+    family = [f"reports/{RUN}/family/comparison.json"] if FAMILY else []
+    return (
+        kept
+        + family
+        + [
+            f"reports/{RUN}/report.json",
+            f"reports/{RUN}/plots",
+            f"reports/{RUN}/README.md",
+            f"reports/{RUN}/results.html",
+            f"reports/{RUN}/check.txt",
+        ]
+    )

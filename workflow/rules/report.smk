@@ -40,9 +40,32 @@ rule report:
         " {params.selfcheck} {params.manifests} {params.noise} --out reports/{wildcards.run} > {log:q} 2>&1"
 
 
+rule compare:  # only where the config has several builds on a shared path (FAMILY, workflow/rules/common.smk)
+    input:
+        report="reports/{run}/report.json",
+    output:
+        comparison="reports/{run}/family/comparison.json",
+        plot="reports/{run}/family/comparison.png",
+    log:
+        "logs/{run}/compare.log",
+    benchmark:
+        "benchmarks/{run}/compare.tsv"
+    threads: 1
+    resources:
+        mem_mb=2000,
+        runtime=10,
+    params:
+        path=FAMILY[0] if FAMILY else "",
+        length=FAMILY[1] if FAMILY else 0,
+    shell:
+        "fideval compare {input.report:q} --path {params.path} --length {params.length}"
+        " --out reports/{wildcards.run}/family > {log:q} 2>&1"
+
+
 rule card:
     input:
         report="reports/{run}/report.json",
+        comparison=(["reports/{run}/family/comparison.json"] if FAMILY else []),
     output:
         card="reports/{run}/README.md",
         # the card's tables as a page of `snakemake --report`, beside the plots
@@ -63,9 +86,12 @@ rule card:
     params:
         # The card is the headline build's (the first candidate); the others appear in its comparisons.
         candidate=HEADLINE,
+        comparison=lambda w, input: (
+            f"--comparison {input.comparison[0]}" if input.comparison else ""
+        ),
     shell:
         "fideval card {input.report:q} --candidate {params.candidate:q} --out {output.card:q}"
-        " --html {output.results:q} > {log:q} 2>&1"
+        " --html {output.results:q} {params.comparison} > {log:q} 2>&1"
 
 
 rule check:
