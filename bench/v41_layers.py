@@ -17,8 +17,9 @@ GPU the verbs' processes run the vendor's kernels (the vendored ``kernel_cpu.py`
    so its cost does not grow with the row count (a cold page cache aside): the row count only costs disk. The
    vocabulary stays 129,280 (``--vocab``). Random values: a block per shape and kind, repeated along rows.
 2. ``fideval teacher`` (model.implementation reference, ``--store hidden``) on ``--seqs`` x ``--length`` tokens,
-   ``fideval score --config`` for an emulated candidate on the serving path (``--candidate``: FP8 attention at
-   real size; MXFP4 routed experts, the seed's, whose host-side load transform the table times), ``fideval verify``.
+   ``fideval score --config`` for an emulated candidate on the serving path (``--candidate``: MXFP4 routed experts,
+   the seed's, whose released FP4 experts are kept as stored -- the loader's probe finds MXFP4 leaves them unchanged,
+   deepseek_v41_weights.fp4_unchanged, timed in the table --, or FP8 attention), ``fideval verify``.
    Each verb runs in its own process, which records its peak device (torch allocator) and host (max RSS) memory.
 3. One table (figure | measured | ceiling): tokens/s, model FLOP utilisation (fideval.model.flops on the driver's
    sizing config, and bench/evaluation.py's analytic count, over the dense bf16 peak), time per part, peak memory,
@@ -346,22 +347,27 @@ def extrapolate(cfg: dict, real: dict, measured: dict, length: int, peak: float)
 
 
 def transform_probe(cfg: dict) -> dict:
-    """The MXFP4 candidate's host-side load of one routed expert tensor (deepseek_v41_weights: dequantize, the
-    quant transform, re-encode into FP4, all float32 on the host) at this config's size, timed once."""
+    """The MXFP4 candidate's host-side load of one routed expert tensor at this config's size, timed once: the
+    loader's probe (deepseek_v41_weights.fp4_unchanged: the stored FP4 kept), and for comparison what it replaces
+    (dequantize, the quant transform, re-encode into FP4, all float32 on the host)."""
     from fideval.model.execution.transforms import transform_weight
-    from fideval.model.reference.deepseek_v41_weights import dequantize, reencode
+    from fideval.model.reference.deepseek_v41_weights import dequantize, fp4_unchanged, reencode
     from fideval.quant.spec import compile_spec
 
     spec = compile_spec({"routed_experts": {"format": "mxfp4", "recipe": "rceil"}})
     n, k = cfg["moe_inter_dim"], cfg["dim"]
     q = torch.randint(0, 256, (n, k // 2), dtype=torch.uint8).view(torch.float4_e2m1fn_x2)
     sc = torch.full((n, k // 32), 119, dtype=torch.uint8).view(torch.float8_e8m0fnu)
+    name = "layers.0.ffn.experts.0.w1.weight"
     t0 = time.perf_counter()
-    reencode(transform_weight(spec.weight_transform, "routed_experts", "layers.0.ffn.experts.0.w1.weight", dequantize(q, sc)),
-             torch.float4_e2m1fn_x2)
+    kept = fp4_unchanged(spec.weight_transform, "routed_experts", name, q, sc)
+    probe = time.perf_counter() - t0
+    t0 = time.perf_counter()
+    reencode(transform_weight(spec.weight_transform, "routed_experts", name, dequantize(q, sc)), torch.float4_e2m1fn_x2)
     s = time.perf_counter() - t0
-    per_layer = s * 3 * cfg["n_routed_experts"]
-    return {"s_per_tensor": s, "s_per_layer": per_layer, "seed_h": per_layer * 40 / 3600, "threads": torch.get_num_threads()}
+    per_layer = (probe if kept else s) * 3 * cfg["n_routed_experts"]
+    return {"kept": kept, "probe_s": probe, "s_per_tensor": s, "s_per_layer": per_layer, "seed_h": per_layer * 40 / 3600,
+            "threads": torch.get_num_threads()}
 
 
 def main() -> None:
@@ -377,14 +383,14 @@ def main() -> None:
     ap.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     ap.add_argument("--kernel-device", default="auto", help="run the vendor's kernels under torch.device(their input's) in "
                     "the verbs' processes (auto: on a GPU -- the vendored kernel_cpu.py allocates on the CPU; off: as is)")
-    ap.add_argument("--candidate", choices=sorted(CANDIDATES), default=None, help="fp8-attention (default), or mxfp4-experts "
-                    "(the default at --scale small; at real size its host-side transform, timed in the table, takes hours)")
+    ap.add_argument("--candidate", choices=sorted(CANDIDATES), default="mxfp4-experts",
+                    help="mxfp4-experts (the seed's: the released FP4 experts kept as stored), or fp8-attention")
     ap.add_argument("--estimate", action="store_true", help="print what the run needs and exit")
     a = ap.parse_args()
     small, device, t_all = a.scale == "small", a.device, time.perf_counter()
     kdev = {"off": "", "auto": "" if device == "cpu" else device}.get(a.kernel_device, a.kernel_device)
     seqs, length = a.seqs, a.length or (32 if small else 2048)
-    cand = a.candidate or ("mxfp4-experts" if small else "fp8-attention")
+    cand = a.candidate
     work = Path(a.dir)
     work.mkdir(parents=True, exist_ok=True)
     ckpt = work / f"ckpt-{a.scale}"
@@ -470,9 +476,11 @@ def print_table(r: dict, f_tok: float, have: list[str], gpu: bool) -> None:
               f"estimate {est['host'] / gb:.1f} GB"),
              ("teacher store on disk (hidden states bf16 + head)", f"{t['store_bytes'] / gb:.3f} GB; fideval verify: "
               f"{'passes' if r['verify']['ok'] else 'FAILED'}", f"estimate {est['store'] / gb:.3f} GB"),
-             ("MXFP4 experts candidate: host-side load transform (dequantize, MXFP4, re-encode) of one expert tensor",
-              f"{mx['s_per_tensor']:.2f} s ({mx['threads']} threads): {mx['s_per_layer'] / 60:,.1f} min a layer, "
-              f"{mx['seed_h']:,.1f} h for 40 layers a candidate pass", "hidden behind a layer's compute (prefetch)")]
+             ("MXFP4 experts candidate: host-side load of one expert tensor (the loader's probe; what it replaces: "
+              "dequantize, MXFP4, re-encode)", f"{'kept as stored' if mx['kept'] else 'transformed'}, probe "
+              f"{mx['probe_s'] * 1e3:.1f} ms ({mx['threads']} threads), against {mx['s_per_tensor']:.2f} s; "
+              f"{mx['s_per_layer'] / 60:,.2f} min a layer, {mx['seed_h']:,.2f} h for 40 layers a candidate pass",
+              "hidden behind a layer's compute (prefetch)")]
     rows += [(f"extrapolation, seed L={L} (40 layers): teacher / candidate pass",
               f"{p['teacher'] / 60:,.1f} / {p['candidate'] / 60:,.1f} min", "") for L, p in x["lengths"].items()]
     rows.append(("extrapolation: seed compute on the reference path (teacher + 2 candidate passes a length)",

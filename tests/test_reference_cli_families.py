@@ -177,7 +177,7 @@ def test_v41_fp8_release_mxfp4_candidate_is_the_reference_bit_for_bit(tmp_path):
     kld = pl.read_parquet(tmp_path / "scored-weights-only" / summary["records"])["kld"].to_numpy()
     assert summary["rows"] == 4 * 7 and not kld.any()
     kernels = summary["candidate_info"]["run_settings"]["reference_code"]["kernels"]
-    assert kernels["linears: routed_experts"] == "fp4_gemm (exact re-encoding)"
+    assert kernels["linears: routed_experts"] == "fp4_gemm (stored MXFP4 kept: the transform's identity)"
     served = json.loads((tmp_path / "scored-serving" / "score.json").read_text())
     assert pl.read_parquet(tmp_path / "scored-serving" / served["records"])["kld"].to_numpy().mean() > 0
 

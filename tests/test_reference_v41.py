@@ -368,7 +368,10 @@ def test_an_mxfp4_expert_candidate_runs_in_the_vendors_fp4_kernel(model, tokens)
     d = _driver(model, weight_transform=spec.weight_transform)
     logits, _, _ = _run(d, tokens)
     fp4 = json.loads((model / "config.json").read_text())["expert_dtype"] == "fp4"
-    assert d.kernels["linears: routed_experts"] == ("fp4_gemm (exact re-encoding)" if fp4 else "F.linear in bfloat16")
+    # the released FP4 experts already are MXFP4: kept as stored (deepseek_v41_weights.fp4_unchanged), not decoded,
+    # transformed and re-encoded on the host
+    assert d.kernels["linears: routed_experts"] == ("fp4_gemm (stored MXFP4 kept: the transform's identity)" if fp4
+                                                    else "F.linear in bfloat16")
     assert (logits[:, -1] - d.vendor_logits(tokens)).abs().max().item() <= BOUND
     ref, _, _ = _run(_driver(model), tokens)
     p, q = torch.log_softmax(ref.double(), -1), torch.log_softmax(logits.double(), -1)
@@ -378,6 +381,29 @@ def test_an_mxfp4_expert_candidate_runs_in_the_vendors_fp4_kernel(model, tokens)
         assert torch.equal(logits, ref)
     else:
         assert kld > 1e-6  # the candidate is not the reference
+
+
+def test_stored_fp4_is_kept_only_where_the_transform_is_its_identity():
+    """fp4_unchanged asks the transform itself, on a probe of every (largest code, other code, sign) block at each
+    scale exponent the weight uses: MXFP4 (both recipes) leaves FP4 x E8M0 weights as they are; NVFP4 (blocks of 16,
+    E4M3 scales) does not, nor does a transform that does not apply to the tensor (its canary block unchanged). Where
+    it says kept, decoding the weight and transforming it gives the decoded weight bit for bit."""
+    from fideval.model.reference.deepseek_v41_weights import dequantize, fp4_unchanged
+    from fideval.quant.spec import compile_spec
+
+    g = torch.Generator().manual_seed(3)
+    codes = torch.randint(0, 256, (64, 128), generator=g, dtype=torch.int64).to(torch.uint8)
+    q = codes.view(torch.float4_e2m1fn_x2)
+    sc = torch.randint(120, 134, (64, 8), generator=g, dtype=torch.int64).to(torch.uint8).view(torch.float8_e8m0fnu)
+    name = "model.layers.0.mlp.experts.0.down_proj.weight"
+    dense = dequantize(q, sc)
+    for recipe in ("floor", "rceil"):
+        spec = compile_spec(f"routed_experts=mxfp4:{recipe}")
+        assert fp4_unchanged(spec.weight_transform, "routed_experts", name, q, sc)
+        assert torch.equal(spec.weight_transform("routed_experts", name, dense.clone()), dense)
+    nv = compile_spec("routed_experts=nvfp4")
+    assert not fp4_unchanged(nv.weight_transform, "routed_experts", name, q, sc)
+    assert not fp4_unchanged(compile_spec("attention=mxfp4").weight_transform, "routed_experts", name, q, sc)
 
 
 def test_sequences_longer_than_max_seq_len(tmp_path):

@@ -202,6 +202,9 @@ class Loader:
         else:
             q = _as_stored(self.read(prefix + "weight", tuple(w.shape)), w, prefix + "weight")
             sc = _as_stored(self.read(prefix + "scale", tuple(s.shape)), s, prefix + "scale")
+            if transform is not None and fp4_unchanged(transform, cls, self.names(prefix + "weight"), q, sc):
+                transform = None  # the stored FP4 already is the target's arithmetic: its bits are the candidate's
+                self.paths.setdefault(cls or "other", set()).add("fp4_gemm (stored MXFP4 kept: the transform's identity)")
             if transform is None:
                 w.data, s.data = q, sc
                 return
@@ -218,6 +221,45 @@ class Loader:
         if s is not None:
             lin.scale = None
         self.paths.setdefault(cls or "other", set()).add(f"F.linear in {str(keep).removeprefix('torch.')}")
+
+
+def fp4_unchanged(transform: Callable, cls: str | None, name: str, q: torch.Tensor, sc: torch.Tensor) -> bool:
+    """Whether ``transform`` leaves every value of a stored FP4 weight (E2M1 x E8M0 per 32) unchanged, so that the
+    stored bytes can be kept instead of decoding, transforming and re-encoding them on the host (6.5 s for one V4.1
+    expert tensor of 2,304 x 5,120 on one thread). Asked of the transform itself: blocks of 32 are quantized one by
+    one, each from its largest magnitude, and every element of a block on that block's scale alone; so a probe that
+    holds, at each scale exponent the tensor uses, a block for every (largest code, other code, sign) pair -- the
+    whole of what any block of the tensor can be -- is left unchanged exactly when the tensor is. A transform that
+    changes the probe (another format, block size or recipe) is applied as before. Asked only of a compiled quant
+    spec's OCP MX format (blocks of 32, a power-of-two scale each, nothing tensor-wide for the probe to miss)."""
+    if cls is None or q.dtype != torch.float4_e2m1fn_x2 or sc.dtype != torch.float8_e8m0fnu or \
+            q.dim() != 2 or tuple(sc.shape) != (q.shape[0], q.shape[1] * 2 // 32):
+        return False
+    spec = getattr(getattr(transform, "__self__", None), "modules", {}).get(cls)  # a compiled quant spec's class
+    if spec is None or not str(spec.format).startswith("mxfp") or spec.group not in (None, 32) or \
+            getattr(transform.__self__, "imatrix", None) is not None:
+        return False  # only the OCP MX formats: blocks of 32 with a power-of-two scale each, nothing tensor-wide
+    exps = torch.unique(sc.view(torch.uint8)).to(torch.int32) - 127  # E8M0: 2^(byte - 127)
+    mags = _E2M1[:8]
+    big, small = torch.meshgrid(torch.arange(1, 8), torch.arange(0, 8), indexing="ij")
+    keep = small <= big
+    big, small = big[keep], small[keep]
+    f32 = torch.float32  # explicit: the vendor's modules are built under another default dtype
+    blocks = torch.zeros(2 * big.numel(), 32, dtype=f32)
+    blocks[:, 0] = mags[big].repeat(2)
+    blocks[:, 1] = torch.cat([mags[small], -mags[small]])
+    probe = torch.cat([blocks * torch.exp2(e.to(f32)) for e in exps] + [torch.zeros(1, 32, dtype=f32)])
+    # and a block no 4-bit grid holds (0.3 of its largest value): a transform that leaves it as it is did not quantize
+    # the probe at all (a tensor it does not apply to), which says nothing of the weight
+    canary = torch.zeros(1, 32, dtype=f32)
+    canary[0, 0], canary[0, 1] = 6.0, 1.8
+    try:
+        out = transform(cls, name, torch.cat([probe, canary]))
+    except (ValueError, FidevalError):  # a transform that takes no block of 32 does not say
+        return False
+    if tuple(out.shape) != (probe.shape[0] + 1, 32) or torch.equal(out[-1:].float(), canary):
+        return False
+    return torch.equal(out[:-1].float(), probe)
 
 
 def _as_stored(t: torch.Tensor, p: torch.Tensor, name: str) -> torch.Tensor:
