@@ -135,9 +135,10 @@ def save_reference(name: str, folder: Path, seed: int = 0) -> Path:
     return folder
 
 
-def convert(llama_cpp: Path, folder: Path, out: Path, outtype: str = "q8_0", fuse_qkv: bool = False) -> None:
+def convert(llama_cpp: Path, folder: Path, out: Path, outtype: str = "q8_0", fuse_qkv: bool = False,
+            merges: tuple[str, ...] = (), add_bos: bool | None = None) -> None:
     """``convert_hf_to_gguf.py folder --outtype <outtype> --outfile out`` (with ``--fuse-qkv`` when asked), with
-    placeholder tokens for the vocabulary."""
+    placeholder tokens for the vocabulary, ``merges`` as its BPE merges and, unless None, ``add_bos`` recorded."""
     sys.path.insert(0, str(llama_cpp / "gguf-py"))
     sys.path.insert(0, str(llama_cpp))
     import gguf
@@ -155,7 +156,9 @@ def convert(llama_cpp: Path, folder: Path, out: Path, outtype: str = "q8_0", fus
             self.gguf_writer.add_tokenizer_pre("default")
             self.gguf_writer.add_token_list([f"<t{i}>" for i in range(n)])
             self.gguf_writer.add_token_types([gguf.TokenType.NORMAL] * n)
-            self.gguf_writer.add_token_merges([])
+            self.gguf_writer.add_token_merges(list(merges))
+            if add_bos is not None:
+                self.gguf_writer.add_add_bos_token(add_bos)
 
     with torch.inference_mode():
         ftype = {"q8_0": gguf.LlamaFileType.MOSTLY_Q8_0, "f16": gguf.LlamaFileType.MOSTLY_F16,

@@ -90,32 +90,13 @@ def save_reference(name: str, folder: Path, seed: int = 0) -> None:
 
 
 def convert(llama_cpp: Path, folder: Path, out: Path) -> None:
-    """``convert_hf_to_gguf.py folder --outtype f32``, with ``moe_ggufs.convert``'s placeholder tokens plus one merge
-    (llama.cpp refuses to load a BPE vocabulary without merges; llama-quantize never loads it) and no BOS added
-    (llama-perplexity then evaluates each chunk's own first token, as fideval's teacher does)."""
-    sys.path.insert(0, str(llama_cpp / "gguf-py"))
-    sys.path.insert(0, str(llama_cpp))
-    import gguf
-    import torch
-    from conversion import ModelBase, ModelType, get_model_architecture, get_model_class
+    """``convert_hf_to_gguf.py folder --outtype f32`` (``moe_ggufs.convert``) with one merge (llama.cpp refuses to
+    load a BPE vocabulary without merges; llama-quantize never loads it) and no BOS added (llama-perplexity then
+    evaluates each chunk's own first token, as fideval's teacher does)."""
+    sys.path.insert(0, str(Path(__file__).resolve().parent))
+    from moe_ggufs import convert as convert_hf
 
-    hparams = ModelBase.load_hparams(folder, False)
-    cls = get_model_class(get_model_architecture(hparams, ModelType.TEXT))
-
-    class Converter(cls):
-        model_arch = cls.model_arch
-
-        def set_vocab(self):
-            n = self.hparams["vocab_size"]
-            self.gguf_writer.add_tokenizer_model("gpt2")
-            self.gguf_writer.add_tokenizer_pre("default")
-            self.gguf_writer.add_token_list([f"<t{i}>" for i in range(n)])
-            self.gguf_writer.add_token_types([gguf.TokenType.NORMAL] * n)
-            self.gguf_writer.add_token_merges(["<t0 > <t1>"])
-            self.gguf_writer.add_add_bos_token(False)
-
-    with torch.inference_mode():
-        Converter(folder, gguf.LlamaFileType.ALL_F32, out, eager=True).write()
+    convert_hf(llama_cpp, folder, out, outtype="f32", merges=("<t0 > <t1>",), add_bos=False)
 
 
 def reference_of(folder: Path) -> Path:
