@@ -20,6 +20,17 @@ def tokenizer_dir(tmp_path_factory) -> Path:
     return make_tokenizer(tmp_path_factory.mktemp("tokenizer") / "model")
 
 
+@pytest.fixture
+def one_thread():
+    """torch on one thread for the test (the vendor code's bit-exactness checks: the summation order of one thread)."""
+    import torch
+
+    n = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(n)
+
+
 @pytest.fixture(scope="module", autouse=True)
 def _no_process_group_left_behind():
     """A reference driver may create a one-process torch.distributed group in the test process (DeepSeek-V3.2's

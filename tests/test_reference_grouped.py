@@ -25,13 +25,9 @@ from ref_deepseek_v41 import V41, write_tiny_v41
 
 from fideval.errors import FidevalError
 
+pytestmark = pytest.mark.usefixtures("one_thread")
 
-@pytest.fixture(autouse=True)
-def _one_thread():
-    n = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(n)
+
 
 
 @pytest.fixture(scope="module")

@@ -24,16 +24,11 @@ from fideval.model.reference.deepseek_v32 import STAND_INS, DeepseekV32Driver, e
 from fideval.model.reference.deepseek_v32_names import MAPPING, to_hf, to_vendor
 from fideval.model.weights.checkpoint import Checkpoint
 
-pytestmark = pytest.mark.skipif(not (VENDOR / "model.py").is_file(), reason=f"vendor code not found at {VENDOR}")
+pytestmark = [pytest.mark.skipif(not (VENDOR / "model.py").is_file(), reason=f"vendor code not found at {VENDOR}"),
+              pytest.mark.usefixtures("one_thread")]
 L = 40  # > index_topk (16): the indexer's top-k selection decides which keys late positions attend to
 
 
-@pytest.fixture(autouse=True)
-def _one_thread():
-    n = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(n)
 
 
 def _tokens(n=2, length=L, seed=0):
