@@ -111,6 +111,20 @@ class RouteForcer:
                 w.to(dev, non_blocking=True).reshape(top_k_weights.shape))
 
 
+def setup(options, layers: list[int], n_experts: int | None, top_k: int | None, where) -> tuple:
+    """``(recorder or None, forcer or None)`` for a runner with ``options.routes`` / ``options.force_routes`` over a
+    model whose MoE layers are ``layers`` (each ``n_experts`` routed experts, ``top_k`` a token); one line for a model
+    without routed experts (``where``: its folder) and for forced routes of another model. Both runners ask it."""
+    record, source = bool(options.routes), options.force_routes
+    for on, what, hint in ((record, "record", "record routes of"), (source is not None, "force", "force routes into")):
+        if on and not layers:
+            raise FidevalError(f"{where}: the model has no routed experts: there are no routes to {what}",
+                               hint=f"{hint} a mixture-of-experts model only")
+    if source is not None:
+        check_source(source, list(layers), n_experts, top_k)
+    return RouteRecorder(n_experts) if record else None, RouteForcer(source) if source is not None else None
+
+
 def check_source(source, layers: list[int], n_experts: int, top_k: int | None) -> None:
     """One line when the forced routes are another model's: other MoE layers, expert count or top-k."""
     for what, theirs, ours in (("MoE layers", list(source.layers), list(layers)), ("routed experts", source.n_experts, n_experts),

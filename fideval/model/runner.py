@@ -156,28 +156,12 @@ class Runner(LayerMajor, HeadLoading):
         if self.output == "hidden" and "lm_head" in self.act_transform:
             raise FidevalError("a hidden store cannot keep a run that quantizes the lm head's activations (its logits are "
                                "not the head applied to the stored states)", hint="write a logit store for this candidate")
-        self.routes = None
-        if opts.routes:
-            from fideval.model.routes import RouteRecorder
+        from fideval.model import routes
 
-            if not self.experts:
-                raise FidevalError(f"{self.ckpt.dir}: the model has no routed experts: there are no routes to record",
-                                   hint="record routes of a mixture-of-experts model only")
-            a = self.adapter
-            self.routes = RouteRecorder(a.n_routed_experts(a.meta_layer(min(self.experts), self.dtype)))
-        self.forcer = None
-        if opts.force_routes is not None:
-            from fideval.model.routes import RouteForcer
-
-            if not self.experts:
-                raise FidevalError(f"{self.ckpt.dir}: the model has no routed experts: there are no routes to force",
-                                   hint="force routes into a mixture-of-experts model only")
-            from fideval.model.routes import check_source
-
-            a = self.adapter
-            check_source(opts.force_routes, sorted(self.experts), a.n_routed_experts(a.meta_layer(min(self.experts), self.dtype)),
-                         getattr(a.config, "num_experts_per_tok", None))
-            self.forcer = RouteForcer(opts.force_routes)
+        a, moe = self.adapter, sorted(self.experts)
+        n_experts = a.n_routed_experts(a.meta_layer(moe[0], self.dtype)) if moe else None
+        self.routes, self.forcer = routes.setup(opts, moe, n_experts, getattr(a.config, "num_experts_per_tok", None),
+                                                self.ckpt.dir)
 
     @property
     def vocab_size(self) -> int:

@@ -56,17 +56,10 @@ def setup(driver, options, where: str) -> tuple[Routing, object, object]:
     """``(routing, recorder or None, forcer or None)`` for a reference runner with ``options.routes`` /
     ``options.force_routes``; the transformers runner's refusals, each in one line (``where``: the model folder). The
     reference runner has no throughput mode (its MoE blocks run whole, per micro-batch): nothing to refuse there."""
-    from fideval.model.routes import RouteForcer, RouteRecorder, check_source
+    from fideval.model import routes
 
-    record, source = bool(options.routes), options.force_routes
     r = routing(driver)
-    for on, what, hint in ((record, "record", "record routes of"), (source is not None, "force", "force routes into")):
-        if on and not r.layers:
-            raise FidevalError(f"{where}: the model has no routed experts: there are no routes to {what}",
-                               hint=f"{hint} a mixture-of-experts model only")
-    if source is not None:
-        check_source(source, list(r.layers), r.n_experts, r.top_k)
-    return r, RouteRecorder(r.n_experts) if record else None, RouteForcer(source) if source is not None else None
+    return (r, *routes.setup(options, list(r.layers), r.n_experts, r.top_k, where))
 
 
 def install(block: torch.nn.Module, layer: int, gate: type, record: Callable | None = None,
