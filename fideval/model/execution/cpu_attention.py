@@ -21,6 +21,8 @@ which keeps ``sdpa`` itself.
 
 from __future__ import annotations
 
+import functools
+
 import torch
 
 NAME = "fideval_sdpa"
@@ -42,10 +44,17 @@ def attention(module: torch.nn.Module, query: torch.Tensor, key: torch.Tensor, v
 def choose(modeling) -> str:
     """The name to give ``config._attn_implementation`` for a model (its transformers ``modeling`` module) that
     supports ``sdpa``: ``fideval_sdpa``, or ``sdpa`` where the modeling code branches on that name."""
+    return "sdpa" if _names_sdpa(modeling.__name__) else implementation()
+
+
+@functools.cache
+def _names_sdpa(module_name: str) -> bool:
+    """Whether a modeling module's source tests the name ``"sdpa"`` (read once a process, not once a runner)."""
+    import importlib
     import inspect
 
-    src = inspect.getsource(modeling)
-    return "sdpa" if '"sdpa"' in src or "'sdpa'" in src else implementation()
+    src = inspect.getsource(importlib.import_module(module_name))
+    return '"sdpa"' in src or "'sdpa'" in src
 
 
 def implementation() -> str:
