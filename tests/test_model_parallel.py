@@ -41,6 +41,7 @@ def _worker(rank: int, world: int, folders: list[str], toks: np.ndarray, out: st
             logits = np.stack([v.numpy() for _, v in sorted(r.run(toks))])
             np.save(f"{out}/r{rank}-m{j}.npy", logits)
             np.save(f"{out}/r{rank}-m{j}-peak.npy", np.array([ledger.largest]))
+        dist.barrier()  # every rank past its last collective before any tears the group down (gloo aborted a rank)
     finally:
         dist.destroy_process_group()
 

@@ -257,6 +257,7 @@ def _mp_worker(rank: int, world: int, folder: str, out: str) -> None:
         res["vendor_last"], res["ours_last"] = d.vendor_logits(toks), d.finish(h[:, -1])
         res["routed"] = d.kernels["routed_experts"]
         torch.save(res, f"{out}/r{rank}.pt")
+        dist.barrier()  # every rank past its last collective before any tears the group down (gloo aborted a rank)
     finally:
         dist.destroy_process_group()
 

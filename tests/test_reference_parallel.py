@@ -43,6 +43,7 @@ def _worker(rank: int, world: int, folder: str, toks: np.ndarray, out: str) -> N
             last = r.driver.finish(_last_hidden(r.driver, torch.from_numpy(toks[:2]).long()))
             np.save(f"{out}/r{rank}-ours-last.npy", last.numpy())
             np.save(f"{out}/r{rank}-vendor.npy", r.driver.vendor_logits(torch.from_numpy(toks[:2]).long()).numpy())
+        dist.barrier()  # every rank past its last collective before any tears the group down (gloo aborted a rank)
     finally:
         dist.destroy_process_group()
 

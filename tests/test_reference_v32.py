@@ -284,6 +284,7 @@ def _worker(rank: int, world: int, folder: str, toks: torch.Tensor, out: str, ex
         logits = _run(d, toks)
         np.save(f"{out}/r{rank}.npy", logits.numpy())
         np.save(f"{out}/v{rank}.npy", d.vendor_logits(toks).numpy())
+        dist.barrier()  # every rank past its last collective before any tears the group down (gloo aborted a rank)
     finally:
         dist.destroy_process_group()
 

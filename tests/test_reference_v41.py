@@ -230,6 +230,7 @@ def _worker(rank, world, port, folder, out):
         logits, _, _ = _run(d, toks)
         bad = _slices_follow_the_vendors_classes(d, folder, rank, world)
         torch.save({"logits": logits, "vendor": d.vendor_logits(toks), "bad": bad}, f"{out}/rank{rank}.pt")
+        dist.barrier()  # every rank past its last collective before any tears the group down (gloo aborted a rank)
     finally:
         dist.destroy_process_group()
 

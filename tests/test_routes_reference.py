@@ -269,6 +269,7 @@ def _worker(rank: int, world: int, folder: str, toks: np.ndarray, out: str) -> N
         oracle = _gate_oracle(r.driver, torch.from_numpy(toks[:2]).long())  # the vendor's forward at N = 2
         np.save(f"{out}/r{rank}-oracle-ids.npy", np.stack([oracle[i][0].numpy() for i in (1, 2)], 1))
         np.save(f"{out}/r{rank}-oracle-w.npy", np.stack([oracle[i][1].numpy() for i in (1, 2)], 1))
+        dist.barrier()  # every rank past its last collective before any tears the group down (gloo aborted a rank)
     finally:
         dist.destroy_process_group()
 

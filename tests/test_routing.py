@@ -225,6 +225,7 @@ def _mp_worker(rank: int, world: int, port: int, folder: str, toks: np.ndarray, 
         got = {row: r.routes.pop(row) for row, _ in r.run(toks)}
         np.save(f"{out}/ids{rank}.npy", np.stack([got[k].ids for k in sorted(got)]))
         np.save(f"{out}/w{rank}.npy", np.stack([got[k].weights for k in sorted(got)]))
+        dist.barrier()  # every rank past its last collective before any tears the group down (gloo aborted a rank)
     finally:
         dist.destroy_process_group()
 
