@@ -93,7 +93,7 @@ def test_the_canaries_are_kept_per_model(tmp_path):
     lock = Lockstep([Runner(folder, _options(s, True), timeline=tl) for s in (None, SPECS[0])])
     list(lock.run_models(toks))
     assert [c["identical"] for c in lock.canaries] == [True, True]
-    assert lock.canaries[0]["sha256_start"] != lock.canaries[1]["sha256_start"]
+    assert lock.canaries[0]["digest_start"] != lock.canaries[1]["digest_start"]
 
 
 def test_models_that_cannot_share_a_pass_are_refused(tmp_path):

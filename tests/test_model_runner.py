@@ -25,7 +25,7 @@ def test_same_run_twice_is_bit_identical_and_chunking_does_not_change_bits(tmp_p
     first = {k: digest(v) for k, v in a.run(toks)}
     second = {k: digest(v) for k, v in Runner(folder, RunnerOptions(micro_batch=2)).run(toks)}
     assert first == second
-    assert a.canary["identical"] and a.canary["sha256_start"] == first[0]
+    assert a.canary["identical"] and a.canary["digest_start"] == first[0]
     # a host budget of two sequences' hidden states forces three chunks (each re-reads every layer)
     small = Runner(folder, RunnerOptions(micro_batch=2, host_budget_bytes=2 * 16 * 64 * 4))
     third = {k: digest(v) for k, v in small.run(toks)}

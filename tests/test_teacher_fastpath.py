@@ -8,6 +8,7 @@ import json
 import model_fixtures as mf
 import numpy as np
 import pytest
+import torch
 import yaml
 from cli_runner import run_fideval
 from test_model_teacher import _windows
@@ -80,6 +81,14 @@ def test_a_candidate_that_quantizes_nothing_reproduces_the_teacher_bit_for_bit(f
     summary = json.loads((fast["tmp"] / "same" / "score.json").read_text())
     ran = summary["candidate_info"]["run_settings"]
     assert summary["rows"] == 4 * 7 and ran["mlp_tokens"] == 16 and ran["lm_head"] == "float32"
+    # the candidate's canary is recorded, and its logits being the teacher's (replayed from the hidden store), so is
+    # its digest
+    from fideval.model.execution.determinism import digest
+
+    store = StoreReader(fast["tmp"] / "teacher")
+    first = json.loads(store.meta["canary"])["seq_id"]
+    assert ran["canary"]["identical"] is True and ran["canary"]["digest"] == "lin128-v1" and ran["canary"]["seq_id"] == first
+    assert ran["canary"]["digest_start"] == ran["canary"]["digest_end"] == digest(torch.from_numpy(np.array(store.read(first)[0])))
     import pyarrow.parquet as pq
 
     kld = pq.read_table(fast["tmp"] / "same" / "records.parquet", columns=["kld"]).column("kld").to_numpy()
@@ -194,3 +203,28 @@ def test_skipping_keeps_the_composition(fast):
     part = dict(r.iter_logits(seqs, skip=lambda sid: sid != "s-003", stored_digest=lambda sid: None))
     assert list(part) == ["s-003"] and np.array_equal(part["s-003"].numpy(), full["s-003"].numpy())
     assert r.stats["chunks"] == 1 and r.canary is None  # chunk 1 of 3; the canary's chunks were not computed
+
+
+def test_a_candidate_whose_canary_changed_fails_after_writing_its_records(fast, monkeypatch):
+    """As the teacher: the records and score.json are written (score.json says what changed), the command fails in
+    one line, and the report's canary check fails on that score.json."""
+    from fideval.model.execution import hooks
+
+    real = hooks.Canary.last
+
+    def drifted(self, row, logits):
+        real(self, row, logits + 1.0)
+
+    monkeypatch.setattr(hooks.Canary, "last", drifted)
+    res = _score(fast, "drift")
+    assert res.code == 2 and res.stderr.count("fideval: error") == 1, res.stderr
+    assert "the canary of same/weights-only" in res.stderr and "changed between the start and the end" in res.stderr
+    summary = json.loads((fast["tmp"] / "drift" / "score.json").read_text())
+    c = summary["candidate_info"]["run_settings"]["canary"]
+    assert c["identical"] is False and c["digest_start"] != c["digest_end"]
+    assert (fast["tmp"] / "drift" / "records.parquet").exists()
+    from fideval.report.checks import canary
+    from fideval.report.inputs import load_records
+
+    check = canary([], load_records(fast["tmp"] / "drift"))
+    assert check["status"] == "fail" and check["runs"] == 1 and "same/weights-only" in check["detail"]

@@ -36,7 +36,7 @@ class ModelRunner(Protocol):
     head_mode: str  # the lm head's arithmetic as it runs: float32 or bf16 (fideval.model.execution.head)
     stats: dict[str, Any]
     timeline: Timeline
-    canary: dict | None  # the last run's verdict: {seq_id, sha256_start, sha256_end, identical}
+    canary: dict | None  # the last run's verdict: {seq_id, digest, digest_start, digest_end, identical}
     warming: bool
 
     @property

@@ -132,9 +132,10 @@ def adopt_head(asked: str, recorded: str | None, where: str) -> str:
                        hint="resume with the same lm head (or auto), or write a new store")
 
 
-def stored_digest(out: Path, seq_id: str) -> str | None:
+def stored_digest(out: Path, seq_id: str, device: Any = None) -> str | None:
     """The digest (fideval.model.execution.determinism.digest) of a finished shard's rows (logits, or a hidden store's
-    states): a resumed run's canary compares its recomputation of the first micro-batch with what the first run stored."""
+    states), computed on ``device`` (the run's: the digest is the same on any device, and a GPU's is the fast one): a
+    resumed run's canary compares its recomputation of the first micro-batch with what the first run stored."""
     from fideval.model.execution.determinism import digest
     from fideval.store.shard import data_rows, read_header, shard_rel
 
@@ -143,7 +144,8 @@ def stored_digest(out: Path, seq_id: str) -> str | None:
         head = read_header(path)
     except FidevalError:
         return None
-    return digest(data_rows(path, head))
+    rows = data_rows(path, head)
+    return digest(rows if device is None or getattr(device, "type", device) == "cpu" else rows.to(device))
 
 
 def store_meta(model_dir: Path, ckpt, *, implementation: str, arch: str, dtype: str, dev, world: int, release, vocab: int,
@@ -404,7 +406,7 @@ class TeacherPass:
 
     def stored_digest(self, seq_id: str) -> str | None:
         """A written shard's logits digest (rank 0 only: the canary of a resumed run), else None."""
-        return stored_digest(self.out, seq_id) if self.rank == 0 else None
+        return stored_digest(self.out, seq_id, self.device) if self.rank == 0 else None
 
     def sha256(self, seq_id: str) -> str | None:
         """A shard's SHA-256 once it is on disk (what records scored against it are kept under), else None."""
@@ -460,8 +462,15 @@ class TeacherPass:
             c = bad[0]
             of = f" of {c['model']}" if "model" in c else ""
             raise FidevalError(f"canary{of} {c.get('seq_id')} in {c['folder']} changed between the start and the end of the "
-                               f"run ({c.get('sha256_start', '')[:12]} vs {c.get('sha256_end', '')[:12]})",
+                               f"run ({canary_pair(c)})",
                                hint=f"the run is not bit-reproducible on this device; {what} written, the manifest records it")
+
+
+def canary_pair(c: dict[str, Any]) -> str:
+    """A canary verdict's two digests, shortened, for a one-line message (``digest_*``; stores written before
+    2026-12-08 have ``sha256_*``)."""
+    a, b = (str(c.get(f"digest_{k}") or c.get(f"sha256_{k}") or "")[-12:] for k in ("start", "end"))
+    return f"{a} vs {b}"
 
 
 def _hidden_size(drv: Any, config: Any) -> int:

@@ -4,7 +4,8 @@ Each check says what was compared and against what, so a failure can be acted on
   self_score_zero     scoring the teacher against itself gives KLD exactly 0 and top-1 exactly 1 (score.json
                       ``self_check`` blocks, and every row of the ``--self-check`` records): the scorer and
                       the store agree bit for bit;
-  canary_identical    every store's canary (a sequence re-run and compared) was identical (manifest meta);
+  canary_identical    every store's and candidate run's canary (a sequence re-run and compared) was identical
+                      (manifest meta, score.json);
   teacher_top1_range  per window, the teacher's top-1 matches the realised next token in [0.20, 0.995] of
                       rows: below, the window is noise or mis-tokenised; above, memorised or degenerate text;
   cpu_check           the GPU kernel's rows checked in float64 on the CPU differ by at most the tolerance;
@@ -79,22 +80,28 @@ def _canaries(meta: dict[str, Any]) -> list[dict[str, Any]]:
     return [x for x in items if isinstance(x, dict) and "identical" in x]
 
 
-def canary(manifests: list[dict[str, Any]]) -> dict[str, Any]:
+def canary(manifests: list[dict[str, Any]], sets: list[RecordSet] = ()) -> dict[str, Any]:
+    """Every teacher store's canary (manifest meta) and every candidate run's (score.json
+    ``candidate_info.run_settings.canary``; runs scored from a candidate store, and scores written before
+    2026-12-08, have none)."""
     found = [(m["file"], c) for m in manifests for c in _canaries(m["meta"])]
-    if not found:
-        return _check("canary_identical", "not_run", "no teacher manifest with a canary given")
-    bad = [f for f, c in found if c["identical"] is not True]
+    runs = [(who, c) for who, p in _parts(sets)
+            for c in [((p.score.get("candidate_info") or {}).get("run_settings") or {}).get("canary")]
+            if isinstance(c, dict) and "identical" in c]
+    if not found and not runs:
+        return _check("canary_identical", "not_run", "no teacher manifest or candidate run with a canary given")
+    bad = [f for f, c in found + runs if c["identical"] is not True]
+    counted = f"{len(found)} stores" + (f" and {len(runs)} candidate runs" if runs else "")
     if bad:
         more = f" (and {len(bad) - 3} more)" if len(bad) > 3 else ""
         return _check(
             "canary_identical",
             "fail",
-            "canary re-run differs from the stored logits in " + ", ".join(bad[:3]) + more,
+            "canary re-run differs from its first run in " + ", ".join(bad[:3]) + more,
             stores=len(found),
+            runs=len(runs),
         )
-    return _check(
-        "canary_identical", "pass", f"canary re-run identical in {len(found)} stores", stores=len(found)
-    )
+    return _check("canary_identical", "pass", f"canary re-run identical in {counted}", stores=len(found), runs=len(runs))
 
 
 def teacher_top1(sets: list[RecordSet]) -> dict[str, Any]:
@@ -205,7 +212,7 @@ def run_all(
     token SHA-256 comparison's counts (fideval.report.coverage.token_links)."""
     return [
         self_score(sets, self_sets),
-        canary(manifests),
+        canary(manifests, sets),
         teacher_top1(sets + self_sets),
         cpu_check(sets + self_sets),
         nonfinite(sets + self_sets),

@@ -200,6 +200,7 @@ def _model_run(files: ModelFiles, teacher: StoreReader, settings: dict[str, Any]
 
                     write_sequence(routes, sid, took)
             yield sid, x
+        ran["canary"] = runner.canary  # the first micro-batch again at the end: None when a resumed run did not compute it
         if opts.implementation == "reference":
             ran["reference_code"] = runner.provenance()
 

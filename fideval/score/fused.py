@@ -218,6 +218,7 @@ class _FusedPass:
                   **({"routes_forced": {"of": "teacher", "routes": "the fused pass's teacher, in memory"}}
                      if p.endswith(SUFFIX) else {})}
                  for (_, info), r, (_, p) in zip(hooks, self.runners[1:], self.pairs)]
+        self.infos = infos  # each candidate's score.json candidate_info: its canary joins run_settings at the end
         self.active = self._scorings(records, infos, self_check)
         # scorings[k]: what scores model k's rows (model 0, the teacher: the self-check, when asked)
         self.scorings: list[_Scoring | None] = ([] if self_check else [None]) + self.active
@@ -359,12 +360,15 @@ class _FusedPass:
 
         tp = self.tp
         names = ["teacher"] + [f"{c.name}/{p}" for c, p in self.pairs]
-        canaries = [{"folder": self.folder.name, "model": n, **(c or {"identical": None})}
-                    for n, c in zip(names, self.lock.canaries)]
+        verdicts = [None if c is None else {**{k: v for k, v in c.items() if k != "row"}, "seq_id": self.ids[c["row"]]}
+                    for c in self.lock.canaries]  # named by sequence, as a separate pass's runner names them
+        canaries = [{"folder": self.folder.name, "model": n, **(c or {"identical": None})} for n, c in zip(names, verdicts)]
         tokens = int(stats["tokens"]) * len(self.runners)
         teacher_canary = {k: v for k, v in canaries[0].items() if k != "model"}  # as fideval teacher records it
         prof = tp.finish(stats, tokens=tokens, model_flops=flops_per_token(tp.config, self.seqs.tokens.shape[1])["total"] * tokens,
                          canary=teacher_canary, extra_meta={"fused": json.dumps(names[1:])})
+        for info, c in zip(self.infos, verdicts[1:]):  # as a separate `fideval score` records it
+            info["run_settings"]["canary"] = c
         scored = _conclude(self.active, self.ids, tp.out, self.dev, self.kernel, prof)
         self._seal_routes()
         tp.check_canaries(canaries, "the store and records were")

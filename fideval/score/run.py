@@ -469,4 +469,12 @@ def score_candidate(teacher: StoreReader, candidate: Candidate, out_dir: str | P
     summary = summarize(run, candidate, teacher, teacher_spec, settings, dev, kernel, rule, checked_self, profile, out_dir)
     write_json(out_dir / "score.json", summary)
     cache.clear()
+    changed = ((candidate.info or {}).get("run_settings") or {}).get("canary") or {}
+    if changed.get("identical") is False:  # as fideval teacher: the records are written, the command fails
+        from fideval.model.teacher_pass import canary_pair
+
+        raise FidevalError(f"the canary of {candidate.name}/{candidate.path} (sequence {changed.get('seq_id')}) changed "
+                           f"between the start and the end of the run ({canary_pair(changed)})",
+                           hint="the candidate's run is not bit-reproducible on this device; the records were written and "
+                                "score.json records it")
     return summary

@@ -106,7 +106,8 @@ class Canary:
     bit-identical both times (a GPU whose kernels drift, or a composition-dependent path, shows here).
 
     The runner yields the first pass (:meth:`first`) and withholds the second (:meth:`last`);
-    :attr:`verdict` is ``{"row", "sha256_start", "sha256_end", "identical"}`` once the second has run."""
+    :attr:`verdict` is ``{"row", "digest", "digest_start", "digest_end", "identical"}`` once the second has run
+    (``digest``: the function, :data:`fideval.model.execution.determinism.DIGEST`)."""
 
     def __init__(self, rows: list[int]):
         self.rows = rows
@@ -122,4 +123,5 @@ class Canary:
         digest) the verdict stays None: unchecked, not failed."""
         if row == self.rows[0] and self.start is not None:
             end = determinism.digest(logits)
-            self.verdict = {"row": row, "sha256_start": self.start, "sha256_end": end, "identical": self.start == end}
+            self.verdict = {"row": row, "digest": determinism.DIGEST, "digest_start": self.start, "digest_end": end,
+                            "identical": self.start == end}
