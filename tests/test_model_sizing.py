@@ -119,3 +119,23 @@ def test_a_fused_pass_shares_the_states_among_its_models_and_counts_the_next_uni
     assert fp8.plan["weights_bytes"] == one.plan["weights_bytes"] + unit // 2
     assert bf16.plan["weights_bytes"] == one.plan["weights_bytes"] + unit
     assert fp8.device_budget_bytes * 3 <= fp8.plan["state_bytes"] and fp8.chunk_bytes <= fp8.device_budget_bytes
+
+
+def test_grouped_experts_count_their_stacked_copy_per_rank():
+    """The vendor's code with grouped experts keeps a stacked copy of a MoE layer's local experts: DeepSeek-V3's
+    256 experts x (gate, up, down) of 7,168 x 2,048 in bf16, 22.5 GB on one rank, an eighth of it at model parallel 8;
+    the weights term grows by exactly that, the activations' room shrinks by it, and the chunk gives way."""
+    free = 139 * GiB
+    for world in (1, 8):
+        plain = sizing.choose("cuda", torch.bfloat16, DSV3, 2048, free_bytes=free, world=world, split_heads=True,
+                              math_attention=True)
+        grouped = sizing.choose("cuda", torch.bfloat16, DSV3, 2048, free_bytes=free, world=world, split_heads=True,
+                                math_attention=True, grouped_experts=True)
+        stacked = 256 // world * 3 * 7168 * 2048 * 2
+        assert grouped.plan["weights_bytes"] - plain.plan["weights_bytes"] == stacked
+        assert grouped.plan["activation_bytes"] == plain.plan["activation_bytes"] - stacked
+        assert grouped.chunk_bytes <= plain.chunk_bytes and grouped.micro_batch <= plain.micro_batch
+    assert sizing.stacked_experts_bytes(DSV3, torch.bfloat16) == 22_548_578_304
+    dense = {k: v for k, v in DSV3.items() if k not in ("n_routed_experts", "moe_intermediate_size", "n_shared_experts",
+                                                        "num_experts_per_tok", "first_k_dense_replace")}
+    assert sizing.stacked_experts_bytes(dense, torch.bfloat16) == 0

@@ -10,7 +10,9 @@ On a GPU with ``F`` bytes free (``torch.cuda.mem_get_info``), ``b`` bytes per el
 sequence length ``L``, hidden size ``H`` (docs/runner.md, "Run settings and accounting", has a worked example):
 
 * weights ``W = 2 x`` the largest unit (a decoder layer as this rank holds it, the embedding, or the float32
-  lm head): the current unit and the one being prefetched;
+  lm head): the current unit and the one being prefetched; with the vendor's code and ``model.reference_experts:
+  grouped``, plus the grouped path's stacked copy of a MoE layer's local routed experts (``experts / world x 3 x H x
+  I x b``, fideval.model.reference.grouped_experts: built when the layer first runs, kept while it is loaded);
 * reserve ``R = 2 GiB + 8 % of F`` (CUDA context growth, cuBLAS workspaces, allocator fragmentation);
 * activations ``A = F - W - R``, shared by the chunk's hidden states and the largest phase of a layer;
 * per token: attention ``b (2 (q + k + v) + v + 4 H)`` (q, k, v widths of all heads: projections and their
@@ -135,6 +137,17 @@ def footprint(cfg: ModelConfig, dtype: torch.dtype, seq_len: int, world: int = 1
                      head_unit=units[-1])
 
 
+def stacked_experts_bytes(cfg: ModelConfig, dtype: torch.dtype, world: int = 1) -> int:
+    """The grouped experts' stacked weights of one MoE layer on one rank: its local routed experts' three projections
+    in the compute dtype (an FP8/FP4 release's dequantized to bfloat16 on CUDA: no more bytes than that); 0 for a
+    dense model."""
+    d = dims(cfg)
+    if not any(d.moe_layers):
+        return 0
+    b = torch.empty((), dtype=dtype).element_size()
+    return -(-d.experts // max(1, world)) * 3 * d.hidden * d.moe_intermediate * b
+
+
 def _head_dim(cfg: ModelConfig, d) -> int:
     get = cfg.get if isinstance(cfg, dict) else lambda k, v=None: getattr(cfg, k, v)
     if get("kv_lora_rank"):
@@ -145,12 +158,14 @@ def _head_dim(cfg: ModelConfig, d) -> int:
 def choose(device: torch.device | str, dtype: torch.dtype, cfg: ModelConfig, seq_len: int, *, n_sequences: int | None = None,
            world: int = 1, micro_batch: int | str = AUTO, mlp_tokens: int | str | None = AUTO,
            chunk_bytes: int | str | None = AUTO, free_bytes: int | None = None, math_attention: bool | None = None,
-           split_heads: bool = False, models: int = 1, stored_bytes: int | None = None) -> Settings:
+           split_heads: bool = False, models: int = 1, stored_bytes: int | None = None,
+           grouped_experts: bool = False) -> Settings:
     """The settings for one run on ``device`` (module docstring); explicit values are kept as given. ``models``:
     the fused pass's teacher and candidates (fideval.model.lockstep), whose hidden states share the chunk's
     budget, whose heads are all resident at the end of a chunk, and at whose head a micro-batch's teacher and
     candidate logits are on the device together; ``stored_bytes``: bytes a weight as the checkpoint stores it (1 for
-    an FP8 release; None: the compute dtype's), for the fused pass's stored copy of the next unit."""
+    an FP8 release; None: the compute dtype's), for the fused pass's stored copy of the next unit; ``grouped_experts``:
+    the vendor's code with its routed experts grouped (:func:`stacked_experts_bytes` more a model)."""
     dev = torch.device(device)
     if dev.type != "cuda":  # CPU: today's defaults for whatever is auto
         return Settings(micro_batch=1 if micro_batch == AUTO else int(micro_batch),
@@ -167,6 +182,8 @@ def choose(device: torch.device | str, dtype: torch.dtype, cfg: ModelConfig, seq
     if models > 1:  # the next unit's stored copy on the device while it materialises (docs/runner.md, 'The fused pass')
         b = torch.empty((), dtype=dtype).element_size()
         W += fp.unit_bytes // b * (stored_bytes or b)
+    if grouped_experts:
+        W += models * stacked_experts_bytes(cfg, dtype, world)
     R = RESERVE_BYTES + RESERVE_FRACTION * F
     A = F - W - R
     one = L * (max(fp.attention + fp.scores, fp.mlp, fp.head) + fp.state)

@@ -192,7 +192,7 @@ def read_checked(windows_dir: Path, folders: list[Path], domains: list[str] | No
 
 def sized_settings(dev: torch.device, dtype: str, config: Any, seqs: list[Sequences], todo: int, out: Path, world: int,
                    group: Any, asked: dict, recorded: dict | None, reference: bool = False, models: int = 1,
-                   stored_bytes: int | None = None) -> Settings:
+                   stored_bytes: int | None = None, grouped_experts: bool = False) -> Settings:
     """Sizing (fideval.model.sizing) for the longest sequences of the run, every ``auto`` a resumed store recorded
     taken from it; under torchrun rank 0's settings for every rank. ``reference``: the vendor's code, whose
     attention materialises its scores and splits its heads over the ranks."""
@@ -203,7 +203,7 @@ def sized_settings(dev: torch.device, dtype: str, config: Any, seqs: list[Sequen
     length = max((s.tokens.shape[1] for s in seqs if s.tokens.size), default=1)
     st = sizing.choose(dev, resolve_dtype(dtype), config, length, n_sequences=todo, world=world,
                        math_attention=True if reference else None, split_heads=reference, models=models,
-                       stored_bytes=stored_bytes, **asked)
+                       stored_bytes=stored_bytes, grouped_experts=grouped_experts, **asked)
     if world > 1:  # sized from each rank's free memory: rank 0's numbers for all, or ranks would differ in bits
         import torch.distributed as dist
 
@@ -298,7 +298,8 @@ class TeacherPass:
         self.n_sized = self.todo if models == 1 else sum(len(s.ids) for s in self.seqs)
         self.settings = sized_settings(dev, dtype, self.config, self.seqs, self.n_sized, self.out, self.world, self.group,
                                        asked, recorded, reference=implementation == "reference", models=models,
-                                       stored_bytes=1 if models > 1 and release is not None else None)
+                                       stored_bytes=1 if models > 1 and release is not None else None,
+                                       grouped_experts=implementation == "reference" and reference_experts == "grouped")
         self.block.update(self.settings.recorded())
         self.head = adopt_head(lm_head, (recorded or {}).get("lm_head"), f"store {self.out}")
         self.timeline = Timeline(dev)

@@ -156,6 +156,7 @@ def run_options(files: Any, seqs: Any, settings: dict[str, Any], device: str,
     reference = (backend or {}).get("implementation") == "reference"  # materialised scores, as the teacher sized
     st = sizing.choose(resolve_device(device), dtype, config, seqs.tokens.shape[1], n_sequences=len(seqs.ids),
                        math_attention=True if reference else None, split_heads=reference,
+                       grouped_experts=reference and (backend or {}).get("reference_experts") == "grouped",
                        **{k: settings[k] for k in sizing.RECORDED})
     return {"device": device, "dtype": dtype, "profile": True, "head": settings.get("lm_head", AUTO),
             **st.runner_options()}, config

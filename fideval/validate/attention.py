@@ -109,6 +109,7 @@ def check(cfg: Config, probe: Probe, found: Findings, driver: Any = None) -> Non
     fp8 = (probe.config or {}).get("quantization_config", {}) or {}
     kw = dict(world=cfg.teacher.model_parallel, free_bytes=free, math_attention=True if reference else None,
               split_heads=reference, models=_models(cfg),
+              grouped_experts=reference and getattr(cfg.model, "reference_experts", "vendor") == "grouped",
               stored_bytes=1 if cfg.teacher.fused and fp8.get("quant_method") == "fp8" else None,
               mlp_tokens=cfg.teacher.mlp_tokens, chunk_bytes=cfg.teacher.chunk_bytes)
     dtype = resolve_dtype(cfg.teacher.dtype)

@@ -162,12 +162,23 @@ class _Proj:
         if self.quant is not None and not all(_pow2(lin.weight.scale) for lin in lins):
             return  # float32 block scales: the vendor's own GEMM per expert (below), nothing stacked
         first = ops[0][1](torch.float32)
+        if self.quant is not None and device.type == "cuda":
+            # E8M0 / UE8M0 scales: a dequantized weight is exact in bf16, so the stack is built in bf16 an expert at a
+            # time (a float32 stack first would be twice its bytes at once: 15 GB a projection at DeepSeek-V3 sizes)
+            w = torch.empty((len(ops), *first.shape), dtype=torch.bfloat16, device=first.device)
+            for i, (_, make, _) in enumerate(ops):
+                v = first if i == 0 else make(torch.float32)
+                w[i] = v
+                if not torch.equal(w[i].float(), v):  # not exact after all: the float32 stack below
+                    del w
+                    break
+            else:
+                self.weight = w
+                return
         dtype = first.dtype if self.quant is None else torch.float32
         w = torch.empty((len(ops), *first.shape), dtype=dtype, device=first.device)
         for i, (_, make, _) in enumerate(ops):
             w[i] = first if i == 0 else make(dtype)
-        if self.quant is not None and device.type == "cuda" and torch.equal(w.to(torch.bfloat16).float(), w):
-            w = w.to(torch.bfloat16)  # E8M0 / UE8M0 scales: the dequantized weight is exact in bf16
         self.weight = w
 
     def __call__(self, x: torch.Tensor, counts: list[int], offs: torch.Tensor, used: set) -> torch.Tensor:
