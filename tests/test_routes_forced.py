@@ -242,3 +242,23 @@ def test_validate_refuses_routing_a_dense_model_in_one_line(setup, tmp_path):
     out = res.stdout + res.stderr
     assert res.code != 0 and "candidates[0].routing" in out and "no routed experts" in out, out
     assert sum(".routing" in line for line in out.splitlines()) == 1, out
+
+
+def test_the_throughput_warm_up_call_is_left_unforced_and_any_other_unannounced_call_refused():
+    """On a GPU the throughput mode runs each MLP kind once on 64 tokens before its first block and drops the result
+    (fideval.model.execution.throughput._warm): no micro-batch is announced then. The forcer lets that call take its
+    own routes (it refused it, and so every forced run with the throughput mode on a GPU, on an H100 on 2026-12-07);
+    any other call outside an announced micro-batch stays a one-line refusal."""
+    from fideval.model.routes import RouteForcer
+
+    forcer = RouteForcer(source=None)
+    idx, w = torch.tensor([[1, 0]]), torch.tensor([[0.7, 0.3]])
+    with pytest.raises(FidevalError, match="outside a micro-batch the runner announced"):
+        forcer(0, idx, w)
+    warming = [True]
+    forcer.warming = lambda: warming[0]
+    got = forcer(0, idx, w)
+    assert got[0] is idx and got[1] is w
+    warming[0] = False
+    with pytest.raises(FidevalError, match="outside a micro-batch the runner announced"):
+        forcer(0, idx, w)

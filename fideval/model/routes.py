@@ -18,6 +18,7 @@ give its logits bit for bit.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import numpy as np
@@ -86,12 +87,17 @@ class RouteForcer:
     def __init__(self, source) -> None:
         self.source = source
         self.current: tuple[list[int], int] | None = None
+        # the runner's: whether an unannounced experts call is the throughput mode's one-off warm-up on a GPU
+        # (fideval.model.execution.throughput: its output is dropped), which takes its own routes
+        self.warming: Callable[[], bool] = lambda: False
 
     def reset(self) -> None:
         self.current = None
         self.source.reset()
 
     def __call__(self, layer: int, top_k_index: torch.Tensor, top_k_weights: torch.Tensor):
+        if self.current is None and self.warming():
+            return top_k_index, top_k_weights
         if self.current is None:
             raise FidevalError(f"layer {layer}: the experts were called outside a micro-batch the runner announced",
                                hint="this is a bug in the runner's rows for the experts call")

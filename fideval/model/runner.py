@@ -162,6 +162,8 @@ class Runner(LayerMajor, HeadLoading):
         n_experts = a.n_routed_experts(a.meta_layer(moe[0], self.dtype)) if moe else None
         self.routes, self.forcer = routes.setup(opts, moe, n_experts, getattr(a.config, "num_experts_per_tok", None),
                                                 self.ckpt.dir)
+        if self.forcer is not None:
+            self.forcer.warming = lambda: self.warming
 
     @property
     def vocab_size(self) -> int:

@@ -21,6 +21,7 @@ looks up go to the device.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import threading
 from contextlib import contextmanager
@@ -30,6 +31,7 @@ from typing import Any
 import torch
 
 from fideval.errors import FidevalError
+from fideval.model.execution import determinism
 from fideval.model.execution.hooks import check_act_transform
 from fideval.model.execution.transforms import hook_inputs, linears
 from fideval.model.reference import deepseek_v41_kernels, grouped_experts
@@ -202,9 +204,15 @@ class DeepseekV41Driver:
         """What report.json records of this driver (:func:`describe`)."""
         return describe(self)
 
+    def _default_device(self):
+        """The run's GPU as torch's default device while the vendor's code computes, as its own entry point sets it
+        (``torch.set_default_device("cuda")``): the model makes tensors without a device (the sparse attention's
+        top-k indices), which on the CPU default met CUDA operands (an H100, 2026-12-07). Nothing on a CPU."""
+        return torch.device(self.device) if self.device.type != "cpu" else contextlib.nullcontext()
+
     # -- per-sequence setup ----------------------------------------------------------------------------
     def begin(self, tokens: torch.Tensor) -> V41State:
-        with vendor_dtype(), torch.inference_mode():
+        with vendor_dtype(), self._default_device(), torch.inference_mode():
             tokens = tokens.to(self.device, torch.long)
             embed = self._resident("_embed", self._build_embed)
             h = embed(tokens.clone())
@@ -223,7 +231,8 @@ class DeepseekV41Driver:
         with torch.inference_mode():
             self.loader.fill(block, f"layers.{i}.", skip=("engram.embed",))
             self._hooks(block, f"layers.{i}.")
-            block.to(self.device)
+            with determinism.unfilled():  # FP4 experts: deterministic mode's fill has no float4 kernel on CUDA
+                block.to(self.device)
             if block.engram is not None:
                 rows = self.layout.num_embeddings[block.engram.layer_hash_index]
                 block.engram_rows = EngramRows(self.loader, f"layers.{i}.engram.embed.", rows)
@@ -239,7 +248,7 @@ class DeepseekV41Driver:
         return Routing(tuple(range(a.n_layers)), n_experts, top_k, self.m.Gate)
 
     def forward_layer(self, i: int, block: torch.nn.Module, state: V41State) -> V41State:
-        with vendor_dtype(), torch.inference_mode():
+        with vendor_dtype(), self._default_device(), torch.inference_mode():
             b, length = state.h.shape[:2]
             self._fresh_caches(block.attn, b, length)
             sa = self.m.shared_attn
@@ -258,7 +267,7 @@ class DeepseekV41Driver:
 
     def head_input(self, state: V41State) -> torch.Tensor:
         """What :meth:`finish` hands the head: the final norm's output after the hc collapse (a hidden store keeps it)."""
-        with vendor_dtype(), torch.inference_mode():
+        with vendor_dtype(), self._default_device(), torch.inference_mode():
             norm, _ = self._resident("_head", self._build_head)
             return norm(self.m.Block.hc_pre(None, state.h, state.pre_mix))
 
@@ -269,7 +278,7 @@ class DeepseekV41Driver:
     def finish(self, state: V41State) -> torch.Tensor:
         """The last block's hc collapse (``Block.hc_pre`` uses nothing of its block), the final norm, and the
         head in float32 over every position, gathered over ranks by the vendor's ``ParallelHead``."""
-        with vendor_dtype(), torch.inference_mode():
+        with vendor_dtype(), self._default_device(), torch.inference_mode():
             norm, head = self._resident("_head", self._build_head)
             h = self.m.Block.hc_pre(None, state.h, state.pre_mix)
             return head(norm(h), full_logits=True).float()
@@ -278,7 +287,7 @@ class DeepseekV41Driver:
     def vendor_logits(self, tokens: torch.Tensor, prepare=None) -> torch.Tensor:
         """The vendor's own ``Transformer.forward`` (start_pos 0) on the same weights and hooks: float32 [B, V]
         (``prepare(model)``: a test's own hooks on the vendor's model before it runs)."""
-        with vendor_dtype(), torch.inference_mode():
+        with vendor_dtype(), torch.inference_mode():  # built and filled on the CPU, run on the device
             b, length = tokens.shape
             a = dataclasses.replace(self.args, max_batch_size=b, max_seq_len=max(length, self.args.max_seq_len),
                                     dspark_block_size=0)
@@ -294,11 +303,13 @@ class DeepseekV41Driver:
                     wb[: len(u)], sb[: len(u)] = w.view(torch.uint8), s.view(torch.uint8)
                     emb.weight.data, emb.scale.data = wb.view(emb.weight.dtype), sb.view(emb.scale.dtype)
             self._hooks(model, "")
-            model.to(self.device)
+            with determinism.unfilled():  # FP4 experts: deterministic mode's fill has no float4 kernel on CUDA
+                model.to(self.device)
             if prepare is not None:
                 prepare(model)
             try:
-                _, logits, _ = model(tokens.to(self.device, torch.long))
+                with self._default_device():
+                    _, logits, _ = model(tokens.to(self.device, torch.long))
             finally:
                 for k in SLOTS:
                     setattr(self.m.shared_attn, k, None)
