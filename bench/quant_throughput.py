@@ -6,7 +6,8 @@ against what memory bandwidth allows. The ceiling is ``torch.clone`` of the same
 and one write); our formats do several passes (amax, scale, cast, codes, decode), so a few x below it is
 expected. Prints one table, one row per format and recipe, after the serving path's activation quant-dequant
 (``act_quant_e4m3``, which a candidate's serving path runs on every MoE block's inputs: the Triton kernel on
-CUDA and the torch version it replaced).
+CUDA and the torch version it replaced). Formats with a weight kernel (MX, fp8_block: fideval.quant.weight_kernel,
+what ``quant_dequant`` runs on CUDA) get a second row, ``<format>, torch path``: the chunked torch path it replaced.
 Usage: python bench/quant_throughput.py [--device cuda] [--rows 4096] [--cols 7168] [--repeats 3]
 """
 
@@ -17,7 +18,7 @@ import time
 
 import torch
 
-from fideval.quant import list_formats
+from fideval.quant import Format, list_formats
 from fideval.quant.activations import act_quant_e4m3, act_quant_e4m3_torch
 
 
@@ -58,9 +59,12 @@ def main() -> None:
             s = _time(lambda: fn(xb, 128, r), a.device, a.repeats)
             print(f"| {label} | {r} | {n / s / 1e9:.3f} | {ceiling / 1e9:.3f} | {n / s / ceiling:.3f} | {dev} | {a.rows}x{a.cols} bf16 |")
     for f in list_formats():
-        for r in f.recipes:
-            s = _time(lambda: f.quant_dequant(x, r), a.device, a.repeats)
-            print(f"| {f.name} | {r} | {n / s / 1e9:.3f} | {ceiling / 1e9:.3f} | {n / s / ceiling:.3f} | {dev} | {a.rows}x{a.cols} |")
+        # a format that overrides Format._qdq_kernel has a weight kernel: also time its torch path (kernel=False)
+        paths = [(f.name, True)] + ([(f"{f.name}, torch path", False)] if type(f)._qdq_kernel is not Format._qdq_kernel else [])
+        for label, kernel in paths:
+            for r in f.recipes:
+                s = _time(lambda: f.quant_dequant(x, r, kernel=kernel), a.device, a.repeats)
+                print(f"| {label} | {r} | {n / s / 1e9:.3f} | {ceiling / 1e9:.3f} | {n / s / ceiling:.3f} | {dev} | {a.rows}x{a.cols} |")
 
 
 if __name__ == "__main__":

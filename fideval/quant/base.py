@@ -115,7 +115,7 @@ class Format:
 
     @torch.no_grad()
     def quant_dequant(self, x: torch.Tensor, recipe: str | None = None, group: int | None = None,
-                      out: torch.Tensor | None = None) -> torch.Tensor:
+                      out: torch.Tensor | None = None, *, kernel: bool = True) -> torch.Tensor:
         """Quantize then dequantize; same shape and dtype.
 
         Works matrix by matrix (``[E, out, in]`` -> E matrices, each with its own tensor-level scale where
@@ -125,7 +125,11 @@ class Format:
         ``out``: a tensor of ``x``'s shape and dtype to write the result into, ``x`` itself included (each chunk
         is read before it is written, and a matrix's context before any of its chunks): a runner that owns the
         tensor quantizes a fused expert tensor in place, with no second copy of it (any strides: a transposed
-        view is written through)."""
+        view is written through).
+
+        On CUDA with Triton, formats with a weight kernel (MX, ``fp8_block``: :mod:`fideval.quant.weight_kernel`) do
+        the whole tensor in one launch with the same bits and one NaN/Inf check; ``kernel=False`` forces the torch
+        path below (the kernels' oracle, for tests and bench/quant_throughput.py)."""
         from fideval.quant.elements import check_finite
 
         r, g, shape = self._prepare(x, recipe, group)
@@ -133,6 +137,8 @@ class Format:
             out = torch.empty(shape, dtype=x.dtype, device=x.device)
         elif tuple(out.shape) != shape or out.dtype != x.dtype or out.device != x.device:
             raise ValueError(f"out {tuple(out.shape)} {out.dtype} does not match x {shape} {x.dtype}")
+        if kernel and self._qdq_kernel(x, r, g, out):
+            return out
         rows, cols = (shape[-2], shape[-1]) if len(shape) >= 2 else (1, shape[-1] if shape else 1)
         lead = shape[:-2] if len(shape) >= 2 else (1,)
         src, dst = (t[(None,) * (3 - t.dim())] if t.dim() < 2 else t for t in (x, out))  # views: [1, 1, cols]
@@ -150,6 +156,11 @@ class Format:
         """Quantize-dequantize one chunk. Formats may override it with a shortcut that skips packing the
         codes; it must equal ``decode(_encode(...))`` bit for bit (tests/test_quant_base.py checks)."""
         return self.decode(self._encode(x2, recipe, group, shape, dtype, **ctx))
+
+    def _qdq_kernel(self, x: torch.Tensor, recipe: str, group: int, out: torch.Tensor) -> bool:
+        """Quantize-dequantize all of ``x`` into ``out`` with a device kernel, raising check_finite's error on NaN/Inf;
+        False (nothing written) where there is none for this format, device or layout: the torch path runs."""
+        return False
 
     def matrix_context(self, mat: torch.Tensor) -> dict:
         """Per-matrix quantities a chunk's encoder needs (NVFP4: the matrix amax); none by default."""

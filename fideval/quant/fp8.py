@@ -34,7 +34,7 @@ def _tiles(x3: torch.Tensor, t: int) -> tuple[torch.Tensor, int, int]:
 
 def fp8_scale(amax: torch.Tensor, recipe: str) -> torch.Tensor:
     """float32 dequant scale (``weight_scale_inv``) from tile/block amax: amax/448, or its UE8M0 ceiling."""
-    s = amax.float() / E4M3.max
+    s = amax.float() / amax.new_tensor(E4M3.max, dtype=torch.float32)  # a tensor: CUDA would multiply by 1/448
     if recipe == "ue8m0":
         s = pow2(ceil_pow2_exponent(s))
     return torch.where(amax > 0, s, torch.ones_like(s))
@@ -65,6 +65,12 @@ class FP8Block(Format):
 
     def check_divides(self, shape, g) -> None:  # partial edge tiles are allowed (see module docstring)
         return None
+
+    def _qdq_kernel(self, x, recipe, group, out) -> bool:
+        """CUDA + Triton: one kernel for the whole tensor, the torch path's bits (:mod:`fideval.quant.weight_kernel`)."""
+        from fideval.quant import weight_kernel
+
+        return weight_kernel.usable(x, out) and weight_kernel.fp8_block_qdq(x, out, recipe, group, self.name)
 
     def _values(self, x2, recipe, group, shape):
         """E4M3 values ``[B, R, C]`` and per-tile scales ``[B, R/t, C/t]`` (edge tiles partial)."""

@@ -46,8 +46,9 @@ def mx_scale_exponent(amax: torch.Tensor, elem: ElementFormat, recipe: str) -> t
         e = floor_log2(torch.where(amax > 0, amax, torch.ones_like(amax))) - elem.emax
         e = torch.where(amax > 0, e, torch.full_like(e, -127))
     elif recipe == "rceil":
-        # amax / elem.max in float32 (one correctly rounded division, as the producers do), then round up.
-        e = ceil_pow2_exponent(amax.float() / elem.max)
+        # amax / elem.max in float32 (one correctly rounded division, as the producers do), then round up. A tensor
+        # divisor: torch's CUDA kernel multiplies by the reciprocal of a Python scalar (an ulp off, often)
+        e = ceil_pow2_exponent(amax.float() / amax.new_tensor(elem.max, dtype=torch.float32))
     else:  # pragma: no cover - resolve_recipe guards this
         raise ValueError(recipe)
     return e.clamp(-127, 127)
@@ -67,6 +68,12 @@ class MXFormat(Format):
 
     def scale_bits(self, recipe=None) -> float:
         return 8.0
+
+    def _qdq_kernel(self, x, recipe, group, out) -> bool:
+        """CUDA + Triton: one kernel for the whole tensor, the torch path's bits (:mod:`fideval.quant.weight_kernel`)."""
+        from fideval.quant import weight_kernel
+
+        return weight_kernel.usable(x, out) and weight_kernel.mx_qdq(x, out, self.elem, recipe, self.name)
 
     def _values(self, x2, recipe, group):
         """Element values (float32, on the element grid) and shared exponents of ``[n, group]`` blocks."""
