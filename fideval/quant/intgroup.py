@@ -38,14 +38,15 @@ class IntGroup(Format):
         n = self.element_bits
         if recipe == "sym":
             qmax = 2 ** (n - 1) - 1
-            scale = (b.abs().amax(-1, keepdim=True) / qmax).to(torch.float16).float()
+            # divisors as tensors: torch's CUDA kernel multiplies by the reciprocal of a Python scalar divisor
+            scale = (b.abs().amax(-1, keepdim=True) / b.new_tensor(qmax, dtype=torch.float32)).to(torch.float16).float()
             scale = torch.where(scale > 0, scale, torch.ones_like(scale))
             q = torch.round(b / scale).clamp(-qmax - 1, qmax)
             zero = None
         else:
             top = 2**n - 1
             mn, mx = b.amin(-1, keepdim=True), b.amax(-1, keepdim=True)
-            scale = ((mx - mn) / top).to(torch.float16).float()
+            scale = ((mx - mn) / b.new_tensor(top, dtype=torch.float32)).to(torch.float16).float()
             scale = torch.where(scale > 0, scale, torch.ones_like(scale))
             zero = torch.round(-mn / scale).clamp(0, top)
             q = (torch.round(b / scale) + zero).clamp(0, top)

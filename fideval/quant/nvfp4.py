@@ -57,12 +57,15 @@ class NVFP4(Format):
         amax_b = blocks.abs().amax(-1)  # [M, nblocks]
         zero_t = amax_t == 0
         safe_t = torch.where(zero_t, torch.ones_like(amax_t), amax_t)
+        # divisors as tensors: torch's CUDA kernel multiplies by the reciprocal of a Python scalar divisor (an ulp off,
+        # often); the CPU and the producers divide (fideval.quant.weight_kernel's docstring has the measurement)
+        six = amax_b.new_tensor(6.0, dtype=torch.float32)
         if recipe == "modelopt":
-            ts = torch.where(zero_t, torch.ones_like(amax_t), safe_t / (E4M3.max * 6.0))  # weight_scale_2
-            sb = (amax_b / 6.0) / ts
+            ts = torch.where(zero_t, torch.ones_like(amax_t), safe_t / (six * E4M3.max))  # weight_scale_2
+            sb = (amax_b / six) / ts
         else:
             gs = torch.where(zero_t, torch.ones_like(amax_t), (E4M3.max * 6.0) / safe_t)  # weight_global_scale
-            sb = (amax_b / 6.0) * gs
+            sb = (amax_b / six) * gs
         sb = cast(sb.clamp(E4M3_MIN_SUB, E4M3.max), E4M3)
         sb = torch.where(amax_b > 0, sb, torch.ones_like(sb))
         total = sb * ts if recipe == "modelopt" else sb / gs
