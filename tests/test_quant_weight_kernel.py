@@ -182,3 +182,19 @@ def test_kernel_on_the_gpu_gives_the_torch_bits(name, recipe, dtype):
     x[1, 5, 9] = float("nan")
     with pytest.raises(FidevalError, match=f"format {name}: 1 NaN/Inf value"):
         f.quant_dequant(x, recipe)
+
+
+@pytest.mark.gpu
+@cuda
+@pytest.mark.parametrize("name", ["mxfp4", "mxfp8_e4m3", "fp8_block", "nvfp4", "int4", "int8"])
+def test_the_torch_path_on_cuda_gives_the_cpu_bits(name):
+    """Every scale a format computes by dividing divides by a tensor: torch's CUDA kernel multiplies by the reciprocal
+    of a Python scalar divisor, which put CUDA an ulp away from the CPU (and the producers) in a third to two thirds of
+    quotients; the kernels' oracle is the torch path, so the torch path must be the CPU's on CUDA too."""
+    f = get_format(name)
+    g = torch.Generator().manual_seed(5)
+    x = torch.randn(64, 2048, generator=g) * torch.exp(torch.randn(64, 1, generator=g) * 3)
+    for recipe in f.recipes:
+        cpu = f.quant_dequant(x, recipe, kernel=False)
+        gpu = f.quant_dequant(x.cuda(), recipe, kernel=False).cpu()
+        assert torch.equal(cpu.view(torch.int32), gpu.view(torch.int32)), (recipe, float((cpu - gpu).abs().max()))
