@@ -95,6 +95,9 @@ def main() -> None:
     ap.add_argument("--no-batch-dependence", action="store_true",
                     help="with --experts both: skip the loop's run at micro-batch 1 (its own batch dependence; "
                          "never run when the micro-batch is 1)")
+    ap.add_argument("--profile", default=None, help="after the table, one more run of the backends whose name holds this "
+                    "text (all: every one) under torch.profiler: its top ops by device and by CPU time")
+    ap.add_argument("--profile-rows", type=int, default=25)
     a = ap.parse_args()
     s = dict(ev.SMALL) if a.small else dict(ev.V3)
     device = "cpu" if a.small or not torch.cuda.is_available() else "cuda"
@@ -150,6 +153,20 @@ def main() -> None:
                   bound or "the loop's own batch dependence (docs/runner.md)")]
     ev.print_table(rows, f"reference-code backend vs transformers, {device}, "
                          f"{'small' if a.small else 'DeepSeek-V3 layer sizes'}, {s['layers']} layers (1 dense), bf16")
+    if a.profile:  # where a backend's time goes, op by op (the MoE part's per-call cost at this size is not in its GEMMs)
+        from torch.profiler import ProfilerActivity, profile
+
+        acts = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if device == "cuda" else [])
+        for name, (impl, e) in backends.items():
+            if a.profile != "all" and a.profile not in name:
+                continue
+            with profile(activities=acts) as prof:
+                run_backend(ckpt, impl, toks, device, dtype, mb, e)
+            key = "self_cuda_time_total" if device == "cuda" else "self_cpu_time_total"
+            print(f"\nprofile: {name} (one more run of the same tokens), by {key}")
+            print(prof.key_averages().table(sort_by=key, row_limit=a.profile_rows))
+            print(f"profile: {name}, by CPU time (Python-side launches and syncs)")
+            print(prof.key_averages().table(sort_by="cpu_time_total", row_limit=a.profile_rows))
 
 
 if __name__ == "__main__":
