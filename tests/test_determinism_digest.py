@@ -54,6 +54,7 @@ def test_digest_is_of_the_float32_values_in_row_major_order():
     h = x.to(torch.bfloat16)
     assert digest(h) == digest(h.float()) == _oracle(h)  # widened exactly, as the old SHA-256 of float32 bytes was
     assert digest(torch.zeros(5)) != digest(torch.zeros(6))  # the length is part of it
+    assert digest(x, "cpu") == digest(x)  # computed where asked, a step at a time
     assert digest(torch.tensor([0.0])) != digest(torch.tensor([-0.0]))  # bits, not values
 
 
@@ -94,6 +95,6 @@ def test_digest_on_cuda_equals_the_cpu():
     g = torch.Generator().manual_seed(3)
     for n in (1, B + 1, 200 * B + 11):
         x = torch.randn(n, generator=g) * 1e3
-        assert digest(x.cuda()) == digest(x) == _oracle(x)
+        assert digest(x.cuda()) == digest(x) == digest(x, "cuda") == _oracle(x)  # a host tensor digested on the GPU
     h = torch.randn(512, 129_280, generator=g).to(torch.bfloat16)
     assert digest(h.cuda()) == digest(h)

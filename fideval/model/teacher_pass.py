@@ -144,8 +144,7 @@ def stored_digest(out: Path, seq_id: str, device: Any = None) -> str | None:
         head = read_header(path)
     except FidevalError:
         return None
-    rows = data_rows(path, head)
-    return digest(rows if device is None or getattr(device, "type", device) == "cpu" else rows.to(device))
+    return digest(data_rows(path, head), device)
 
 
 def store_meta(model_dir: Path, ckpt, *, implementation: str, arch: str, dtype: str, dev, world: int, release, vocab: int,

@@ -88,7 +88,7 @@ def _lane_sums(rows: torch.Tensor, u: torch.Tensor) -> torch.Tensor:
     return torch.stack([torch.mv(rows, u[lane].contiguous()) for lane in range(u.shape[0])], dim=1)
 
 
-def digest(t: torch.Tensor) -> str:
+def digest(t: torch.Tensor, device: torch.device | str | None = None) -> str:
     """The canary's digest of a tensor's float32 values (a bfloat16 or float16 tensor is widened first, exactly),
     computed on the tensor's own device: ``lin128-v1:<elements>:<32 hex digits>``.
 
@@ -100,17 +100,19 @@ def digest(t: torch.Tensor) -> str:
     to cancel in both 64-bit lanes (a widened bfloat16's low 16 bits are zero: 48 bits a lane); it is a check against
     drift, not a cryptographic hash. torch's int64 kernels
     wrap modulo 2**64 on the CPU and CUDA; tests/test_determinism_digest.py checks the digest against a numpy
-    uint64 computation of the same sum."""
+    uint64 computation of the same sum. ``device``: where to compute it (default: the tensor's own), a step of 4 M
+    elements moved there at a time (a stored shard read on the host, digested on the run's GPU)."""
     x = t.detach()
     x = (x if x.dtype == torch.float32 else x.float()).contiguous().reshape(-1).view(torch.int32)
     n = x.numel()
-    u = _within(x.device)
+    dev = x.device if device is None else torch.device(device)  # a step at a time there: a stored shard's rows
+    u = _within(dev)
     blocks = -(-n // _BLOCK)
-    v = torch.from_numpy(np.stack([digest_weights(blocks, lane, 1) for lane in range(2)]).view(np.int64)).to(x.device)
-    acc = torch.zeros(2, dtype=torch.int64, device=x.device)
+    v = torch.from_numpy(np.stack([digest_weights(blocks, lane, 1) for lane in range(2)]).view(np.int64)).to(dev)
+    acc = torch.zeros(2, dtype=torch.int64, device=dev)
     step = _STEP_BLOCKS * _BLOCK
     for a in range(0, n, step):
-        piece = x[a:a + step].to(torch.int64)
+        piece = x[a:a + step].to(dev).to(torch.int64)
         k, r = divmod(piece.numel(), _BLOCK)  # whole blocks, and a last one of r elements
         b0 = a // _BLOCK
         if k:
