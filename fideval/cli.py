@@ -39,6 +39,7 @@ VERBS = [
     (None, "export-llamacpp", store.export_llamacpp_cmd),
     ("store", "materialize", store.materialize_cmd),
     ("store", "card", store.card_cmd),
+    ("store", "import-hidden-suite", store.import_hidden_suite_cmd),
     ("quant", "inspect", quant.inspect),
     ("quant", "formats", quant.formats),
     (None, "score", score.score),

@@ -1,6 +1,7 @@
 """``fideval verify``, ``import-llamacpp``, ``export-llamacpp`` and ``fideval store materialize`` / ``card``: check a
 store; turn a llama.cpp KLD base into one, and one into a llama.cpp KLD base; write a hidden store's logits as a logit
-store; (re)write a store's dataset card."""
+store; (re)write a store's dataset card; ``fideval store import-hidden-suite``: a hidden-state fidelity suite's
+reference as a hidden store."""
 
 from pathlib import Path
 from typing import Annotated
@@ -76,7 +77,8 @@ def export_llamacpp_cmd(
                f"--kl-divergence -c {s['n_ctx']}")
 
 
-HELP = "Teacher stores: materialize a hidden store's logits, write a store's dataset card."
+HELP = ("Teacher stores: materialize a hidden store's logits, write a store's dataset card, import a hidden-state "
+        "fidelity suite's reference.")
 
 
 def materialize_cmd(
@@ -117,3 +119,28 @@ def card_cmd(
 
 def _store_bytes(root: Path) -> int:
     return sum(p.stat().st_size for p in Path(root).rglob("*") if p.is_file())
+
+
+def import_hidden_suite_cmd(
+    suite: Annotated[Path, typer.Argument(help="the suite folder (or shard view) holding suite-manifest.json and tokens/")],
+    reference: Annotated[Path, typer.Option(
+        "--reference", help="the capture folder: capture-manifest.json and hidden_NNNN.safetensors (e.g. reference/hidden-bf16)")],
+    head: Annotated[Path, typer.Option("--head", help="the shared lm head, e.g. lm-head/weight.safetensors")],
+    head_sha256: Annotated[str, typer.Option(
+        "--head-sha256", help="the SHA-256 of the head file as the suite publishes it (its dataset card, ladder-pin.json)")],
+    out: Annotated[Path, options.out("the hidden store folder to write (must not exist)")],
+    model_id: Annotated[str | None, typer.Option("--model-id", help="the reference model's Hub id")] = None,
+    model_revision: Annotated[str | None, typer.Option(
+        "--model-revision", help="its commit (default: the capture manifest's candidate_identity.model_revision)")] = None,
+) -> None:
+    """Import a hidden-state fidelity suite's reference capture (tools/fidelity.py capture) as a hidden teacher store."""
+    import re
+
+    from fideval.errors import FidevalError
+    from fideval.store.suite_import import import_suite
+
+    if not re.fullmatch(r"[0-9a-fA-F]{64}", head_sha256.strip()):
+        raise FidevalError(f"--head-sha256 {head_sha256!r} is not 64 hex digits", hint="give the head file's SHA-256")
+    s = import_suite(suite, reference, head, head_sha256, out, model_id=model_id, model_revision=model_revision)
+    typer.echo(f"{out}: {s['contexts']} contexts of {s['length']} tokens, {s['rows']} hidden rows each (positions "
+               f"0..{s['length'] - 2}), H {s['hidden_size']}, vocab {s['vocab']}; suite {s['suite_token_sha256'][:16]}…")
