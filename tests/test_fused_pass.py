@@ -194,7 +194,8 @@ def test_the_start_line_says_when_the_fused_pass_needs_more_chunks_than_a_separa
     per_seq = 12 * 256 * 4  # L x hidden x float32
     asked = []
 
-    def gpu_like(dev, dtype, config, seqs, todo, out, world, group, req, recorded, reference=False, models=1, stored_bytes=None):
+    def gpu_like(dev, dtype, config, seqs, todo, out, world, group, req, recorded, reference=False, models=1, stored_bytes=None,
+                 grouped_experts=False):
         asked.append((models, todo))
         return sizing.Settings(micro_batch=2, mlp_tokens=24, chunk_bytes=(2 if models > 1 else 6) * per_seq, plan={"models": models})
 
