@@ -3,8 +3,10 @@
 Run on the GPU machine: ``PYTHONPATH=. python3 bench/v41_layers.py --dir /tmp/v41-layers --json /tmp/v41-layers.json``
 (``--estimate`` prints the disk / memory the run needs and exits, or refuses in one line; ``--scale small`` shrinks
 every dimension, for a CPU, in about a minute). The verbs need the CLI's packages, as bench/evaluation.py says. On a
-GPU the verbs' processes run the vendor's kernels (the vendored ``kernel_cpu.py``, which allocates on the CPU) under
-``torch.device`` of their inputs (``--kernel-device off``: as they are).
+GPU the verbs run the vendored ``kernel_cpu.py`` on the device as the driver itself arranges it
+(``deepseek_v41_kernels.on_device``: the path every user's run takes); ``--kernel-device DEV`` adds this bench's
+earlier workaround in the verbs' processes (the vendor's code imported under ``torch.device(DEV)``), for comparison
+only.
 
 1. Writes a random checkpoint in V4.1-Flash's release layout as deepseek_v41_weights.py reads it: the vendor's
    tensor names (its ``Block``, ``ParallelEmbedding``, ``ParallelHead`` built on the meta device), routed experts
@@ -381,8 +383,9 @@ def main() -> None:
     ap.add_argument("--vocab", type=int, default=None, help="vocabulary (default the release's 129,280; small 512)")
     ap.add_argument("--engram-bucket", type=int, default=None, help="Engram rows per (n-gram, head) bucket (100,000; small 50)")
     ap.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
-    ap.add_argument("--kernel-device", default="auto", help="run the vendor's kernels under torch.device(their input's) in "
-                    "the verbs' processes (auto: on a GPU -- the vendored kernel_cpu.py allocates on the CPU; off: as is)")
+    ap.add_argument("--kernel-device", default="off", help="off (default): the verbs as users run them (the driver puts "
+                    "the vendored kernel_cpu.py on the device itself); DEV or auto: this bench's earlier workaround as well "
+                    "(the vendor's code imported under torch.device(DEV) in the verbs' processes), for comparison only")
     ap.add_argument("--candidate", choices=sorted(CANDIDATES), default="mxfp4-experts",
                     help="mxfp4-experts (the seed's: the released FP4 experts kept as stored), or fp8-attention")
     ap.add_argument("--estimate", action="store_true", help="print what the run needs and exit")
