@@ -54,6 +54,8 @@ def run_backend(ckpt: Path, implementation: str, toks: np.ndarray, device: str, 
     startup = time.perf_counter() - t_build
     if device == "cuda":
         torch.cuda.synchronize()
+        torch.cuda.reset_peak_memory_stats()
+        retries0 = torch.cuda.memory_stats().get("num_alloc_retries", 0)
     t0 = time.perf_counter()
     kept, checksum = {}, 0.0
     for row, logits in runner.run(toks, canary=False):
@@ -65,7 +67,11 @@ def run_backend(ckpt: Path, implementation: str, toks: np.ndarray, device: str, 
     wall = time.perf_counter() - t0
     stats = runner.finish_profile()
     drv = getattr(runner, "driver", None)  # the reference backend's: what computed its routed experts
-    return {"wall_s": wall, "startup_s": startup, "parts": stats.get("parts", {}), "logits": kept, "tokens": toks.size,
+    # the allocator under pressure (cached blocks freed and allocations retried: synchronising, slow) is one suspect
+    # for the reference path's MoE time at this size (bench/RESULTS.md, 2026-12-07)
+    mem = ({"peak_allocated": torch.cuda.max_memory_allocated(), "peak_reserved": torch.cuda.max_memory_reserved(),
+            "alloc_retries": torch.cuda.memory_stats().get("num_alloc_retries", 0) - retries0} if device == "cuda" else None)
+    return {"wall_s": wall, "startup_s": startup, "parts": stats.get("parts", {}), "logits": kept, "tokens": toks.size, "memory": mem,
             "load_s": stats["load_s"], "wait_s": stats["wait_s"],
             "experts": drv.kernels.get("routed_experts", "the vendor's loop") if drv is not None else None}
 
@@ -132,6 +138,11 @@ def main() -> None:
                  (f"{impl}: time per part", ", ".join(f"{k} {v:.2f} s" for k, v in sorted(r["parts"].items()) if v >= 0.005),
                   f"wall {r['wall_s']:.2f} s (+ {r['startup_s']:.2f} s building the runner)"),
                  (f"{impl}: weight loading hidden", f"{1 - r['wait_s'] / r['load_s']:.1%}" if r["load_s"] else "n/a", "100 %")]
+        if r["memory"] is not None:
+            m = r["memory"]
+            rows.append((f"{impl}: peak GPU memory allocated / reserved, allocator retries",
+                         f"{m['peak_allocated'] / 2**30:.1f} / {m['peak_reserved'] / 2**30:.1f} GiB, {m['alloc_retries']}",
+                         f"{torch.cuda.get_device_properties(0).total_memory / 2**30:.1f} GiB on the card; 0 retries"))
     refs = [name for name in res if name != "transformers"]
     for name in refs:
         ratio = res["transformers"]["wall_s"] / res[name]["wall_s"]
