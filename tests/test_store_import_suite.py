@@ -98,6 +98,7 @@ def test_import_replays_the_suites_logits(suite, tmp_path):
         sid = f"{stratum}-{i:04d}"
         hidden, tokens = r.read_hidden(sid)
         assert tokens.tolist() == suite["ids"][i] and r.row_start(sid) == 0
+        assert r.entry(sid)["window_id"] == f"{stratum}-cluster-{stratum}-0"  # the suite's source cluster
         assert hidden.dtype == torch.bfloat16 and torch.equal(hidden, suite["states"][i])  # L-1 rows, as captured
         logits, _ = rows.read(sid)
         want = (suite["states"][i].float() @ suite["head_w"].float().T).numpy()
@@ -184,3 +185,15 @@ def test_bad_inputs_are_refused_in_one_line_and_write_nothing(tmp_path, how, wor
 def test_an_existing_out_is_refused(suite, tmp_path):
     (tmp_path / "st").mkdir()
     assert "already exists" in imp(suite, tmp_path / "st").error()
+
+
+def test_a_contexts_window_is_its_source_cluster():
+    """fideval's intervals resample windows: contexts of one source cluster (4 a cluster in the v5 suite) share one, so
+    they are resampled together as the suite's own bootstrap resamples them; a context without a cluster stands alone."""
+    from fideval.store.suite_import import window_of
+
+    a, b = ({"stratum": "code", "source_cluster": 7, "index": i} for i in (0, 1))
+    assert window_of(a, "code-0000") == window_of(b, "code-0001") == "code-cluster-7"
+    assert window_of({"stratum": "code", "source_cluster": 8}, "code-0002") != "code-cluster-7"
+    assert window_of({"stratum": "code"}, "code-0003") == "code-0003"
+    assert window_of({"stratum": "code", "source_cluster": ""}, "code-0004") == "code-0004"

@@ -14,7 +14,8 @@ The format (docs/formats-store.md, "Hidden-state suite import", read from the to
 * the shared head: a safetensors file with ``weight`` [V, H] bfloat16 (the tool takes ``weight``, else the file's
   first tensor), identified by the SHA-256 of the file.
 
-Mapping: a context becomes one shard, ``seq_id`` ``<stratum>-<index:04d>`` (its own window, domain = stratum), token
+Mapping: a context becomes one shard, ``seq_id`` ``<stratum>-<index:04d>`` (window: its ``source_cluster``, so that
+fideval's cluster bootstrap resamples the suite's clusters; domain = stratum), token
 ids the context's L ids, ``row_start`` 0 and L-1 rows: row r is the suite's row r, the state at position r that
 predicts token r+1. A fideval shard may lack its last row (the one predicting past the end), so the store holds
 exactly what was captured and every position fideval scores (0 .. L-2) is one the suite defines: nothing is
@@ -49,6 +50,16 @@ KEY = "hidden_states"
 MAX_JSON = 64 << 20
 ROWS_NOTE = ("row r = the suite's row r: the final norm's output at position r, predicting token r+1; L-1 rows a "
              "context (positions 0 .. L-2, all a scorer scores); no row predicts past the end")
+
+
+def window_of(context: dict[str, Any], seq_id: str) -> str:
+    """The window a context's shard belongs to: its ``source_cluster`` (the suite's contexts from one source, which its
+    own intervals resample together; fideval's cluster bootstrap resamples windows), within its stratum; a context
+    without one is its own window."""
+    cluster = context.get("source_cluster")
+    if cluster is None or str(cluster) == "":
+        return seq_id
+    return f"{context['stratum']}-cluster-{cluster}"
 
 
 def _fail(what: str, hint: str) -> FidevalError:
@@ -255,7 +266,8 @@ def import_suite(suite_dir: str | Path, reference: str | Path, head: str | Path,
                 raise _fail(f"{reference / f'hidden_{i:04d}.safetensors'}: hidden size {h.shape[1]} is not the head's {width}",
                             "pass the head of the model the reference was captured from")
             sid = f"{c['stratum']}-{i:04d}"
-            w.write(sid, h, torch.tensor(c["ids"], dtype=torch.int32), window_id=sid, domain=c["stratum"], row_start=0,
+            w.write(sid, h, torch.tensor(c["ids"], dtype=torch.int32), window_id=window_of(c, sid), domain=c["stratum"],
+                    row_start=0,
                     extra_meta={"source_index": str(i), "source_cluster": str(c.get("source_cluster", "")),
                                 "source_token_sha256": c["token_sha256"], "source_capture_sha256": cap["records"][i]["sha256"]})
         manifest = w.finish()
