@@ -435,3 +435,25 @@ def test_on_a_gpu_the_vendors_kernels_run_on_its_device(model, tokens):
     assert torch.equal(_vendor_head(d, st, L), ref)
     cpu, _, _ = _run(_driver(model), tokens)
     assert (logits.cpu() - cpu).abs().max().item() <= 0.02 * cpu.abs().max().item()
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+def test_fp4_weights_move_to_cuda_under_deterministic_mode_with_their_bytes_and_attributes():
+    """torch has no deterministic fill for float4_e2m1fn_x2 on CUDA, so ``.to("cuda")`` of a block holding FP4 experts
+    failed (an H100, 2026-12-07); ``to_device`` moves them as bytes, keeping the Parameter (the vendor hangs its
+    ``scale`` on it) and every byte."""
+    from fideval.model.reference.deepseek_v41 import to_device
+
+    m = torch.nn.Linear(4, 4)
+    raw = torch.randint(0, 256, (8, 16), dtype=torch.uint8, generator=torch.Generator().manual_seed(0))
+    m.fp4 = torch.nn.Parameter(raw.clone().view(torch.float4_e2m1fn_x2), requires_grad=False)
+    m.fp4.scale = "kept"
+    was = torch.are_deterministic_algorithms_enabled()
+    torch.use_deterministic_algorithms(True)
+    try:
+        to_device(m, torch.device("cuda"))
+    finally:
+        torch.use_deterministic_algorithms(was)
+    assert m.fp4.is_cuda and m.fp4.dtype == torch.float4_e2m1fn_x2 and m.fp4.scale == "kept" and m.weight.is_cuda
+    assert torch.equal(m.fp4.view(torch.uint8).cpu(), raw)

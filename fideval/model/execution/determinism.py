@@ -13,7 +13,6 @@ The canary (:func:`digest`) turns "should be" into a measured fact per run.
 
 from __future__ import annotations
 
-import contextlib
 import os
 
 import numpy as np
@@ -30,20 +29,6 @@ def configure() -> None:
     torch.set_float32_matmul_precision("highest")
     # warn_only: an op without a deterministic kernel warns (and the canary tells us) rather than aborting a long run
     torch.use_deterministic_algorithms(True, warn_only=True)
-
-
-@contextlib.contextmanager
-def unfilled():
-    """``torch.empty`` left unfilled inside: deterministic mode fills new tensors (NaN, or the integer maximum), and
-    its fill has no kernel for ``float4_e2m1fn_x2`` on CUDA, so moving a module that holds FP4 weights to the GPU
-    failed (DeepSeek-V4.1-Flash's experts, on an H100 on 2026-12-07). Only for copies that write every byte."""
-    det = torch.utils.deterministic
-    was = det.fill_uninitialized_memory
-    det.fill_uninitialized_memory = False
-    try:
-        yield
-    finally:
-        det.fill_uninitialized_memory = was
 
 
 # The canary's digest: computed where the tensor is (no copy of 4-17 GB of logits to the host, no single-core SHA-256

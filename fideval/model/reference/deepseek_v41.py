@@ -31,7 +31,6 @@ from typing import Any
 import torch
 
 from fideval.errors import FidevalError
-from fideval.model.execution import determinism
 from fideval.model.execution.hooks import check_act_transform
 from fideval.model.execution.transforms import hook_inputs, linears
 from fideval.model.reference import deepseek_v41_kernels, grouped_experts
@@ -48,6 +47,19 @@ METADATA = {"architectures", "model_type", "torch_dtype", "dtype_", "transformer
             "auto_map", "tie_word_embeddings", "bos_token_id", "eos_token_id", "pad_token_id", "name_or_path"}
 
 _VENDOR = threading.RLock()
+
+
+def to_device(module: torch.nn.Module, device: torch.device) -> None:
+    """``module.to(device)``, its FP4 tensors moved as bytes first: under deterministic mode torch fills every new tensor,
+    and has no fill for ``float4_e2m1fn_x2`` on CUDA, so ``.to("cuda")`` of a block holding FP4 experts failed (an
+    H100, 2026-12-07). A uint8 view of the same bytes is filled and copied like any byte tensor, then viewed back;
+    nothing process-global (deterministic mode's fill flag) is touched while another thread computes."""
+    for mod in module.modules():
+        for table in (mod._parameters, mod._buffers):
+            for t in table.values():
+                if t is not None and t.dtype == torch.float4_e2m1fn_x2 and t.device != device:
+                    t.data = t.data.view(torch.uint8).to(device).view(torch.float4_e2m1fn_x2)
+    module.to(device)
 
 
 @contextmanager
@@ -231,8 +243,7 @@ class DeepseekV41Driver:
         with torch.inference_mode():
             self.loader.fill(block, f"layers.{i}.", skip=("engram.embed",))
             self._hooks(block, f"layers.{i}.")
-            with determinism.unfilled():  # FP4 experts: deterministic mode's fill has no float4 kernel on CUDA
-                block.to(self.device)
+            to_device(block, self.device)
             if block.engram is not None:
                 rows = self.layout.num_embeddings[block.engram.layer_hash_index]
                 block.engram_rows = EngramRows(self.loader, f"layers.{i}.engram.embed.", rows)
@@ -303,8 +314,7 @@ class DeepseekV41Driver:
                     wb[: len(u)], sb[: len(u)] = w.view(torch.uint8), s.view(torch.uint8)
                     emb.weight.data, emb.scale.data = wb.view(emb.weight.dtype), sb.view(emb.scale.dtype)
             self._hooks(model, "")
-            with determinism.unfilled():  # FP4 experts: deterministic mode's fill has no float4 kernel on CUDA
-                model.to(self.device)
+            to_device(model, self.device)
             if prepare is not None:
                 prepare(model)
             try:
