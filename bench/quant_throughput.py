@@ -6,8 +6,9 @@ against what memory bandwidth allows. The ceiling is ``torch.clone`` of the same
 and one write); our formats do several passes (amax, scale, cast, codes, decode), so a few x below it is
 expected. Prints one table, one row per format and recipe, after the serving path's activation quant-dequant
 (``act_quant_e4m3``, which a candidate's serving path runs on every MoE block's inputs: the Triton kernel on
-CUDA and the torch version it replaced). Formats with a weight kernel (MX, fp8_block: fideval.quant.weight_kernel,
-what ``quant_dequant`` runs on CUDA) get a second row, ``<format>, torch path``: the chunked torch path it replaced.
+CUDA and the torch version it replaced). Formats with a weight kernel (MX, fp8_block, nvfp4:
+fideval.quant.weight_kernel, what ``quant_dequant`` runs on CUDA) get a second row, ``<format>, torch path``: the
+chunked torch path it replaced.
 Usage: python bench/quant_throughput.py [--device cuda] [--rows 4096] [--cols 7168] [--repeats 3]
 """
 

@@ -1,9 +1,10 @@
 """The weight quant-dequant kernels (fideval.quant.weight_kernel) give the torch path's bits for every MX format and
-recipe and for fp8_block: on the GPU through ``quant_dequant`` (bf16 included, fused [E, out, in] tensors, in place and
-through a transposed ``out``), and on the CPU under Triton's interpreter. The interpreter's own float32 -> bfloat16
-conversion truncates: MX results (at most 4 significant bits) convert exactly, so MX is checked in bfloat16 there too,
-while fp8_block's ``fp32`` recipe (q * s has up to 28 bits) is checked in bfloat16 on the GPU only; a test pins that
-caveat (the interpreted bf16 result is the truncation of the float32 one), so it is noticed when Triton fixes it."""
+recipe, for fp8_block and for nvfp4 (both recipes): on the GPU through ``quant_dequant`` (bf16 included, fused
+[E, out, in] tensors, in place and through a transposed ``out``), and on the CPU under Triton's interpreter. The
+interpreter's own float32 -> bfloat16 conversion truncates: MX results (at most 4 significant bits) convert exactly,
+so MX is checked in bfloat16 there too, while fp8_block's ``fp32`` recipe (q * s has up to 28 bits) and nvfp4 (E2M1 x
+E4M3 x a float32 tensor scale) are checked in bfloat16 on the GPU only; a test pins that caveat (the interpreted bf16
+result is the truncation of the float32 one), so it is noticed when Triton fixes it."""
 
 from __future__ import annotations
 
@@ -63,13 +64,37 @@ def fp8_inputs(dtype: torch.dtype, device: str):
     yield (torch.randn(130, generator=g) * 5).to(dtype).to(device)
 
 
+def nvfp4_inputs(dtype: torch.dtype, device: str):
+    """[E, out, in] with experts of very different ranges (one per-expert tensor scale each), an all-zero block (with
+    -0.0 in it), an all-zero expert (tensor amax 0), blocks far below their expert's amax (E4M3 subnormal block scales,
+    and ones clamped at 2**-9), E2M1 subnormals (0.5), -0.0, in float32 an expert whose tensor scale and outputs are
+    float32 subnormals; a [2, 4, 1040] tensor (a second, partial program per row), a 4-D tensor and a vector."""
+    g = torch.Generator().manual_seed(11)
+    x = torch.randn(4, 8, 64, generator=g) * torch.exp(torch.randn(4, 8, 1, generator=g) * 2)
+    x *= torch.tensor([1.0, 300.0, 0.0, 1e-3]).reshape(4, 1, 1)  # expert 2: all zero
+    x[0, 0, :16] = torch.tensor([0.0, -0.0]).repeat(8)
+    x[0, 1, 3] = -0.0
+    amax = float(x[0].abs().max())
+    x[0, 2, :16] = torch.randn(16, generator=g).clamp(-1, 1) * amax * 1e-5  # E4M3-subnormal block scale
+    x[0, 2, 16:32] = torch.randn(16, generator=g).clamp(-1, 1) * amax * 1e-7  # block scale clamped at 2**-9
+    x[0, 3, :16] = torch.tensor([6.0, 0.25, 0.5, 0.75, -0.25, 1.25, 1.75, 2.5, -3.5, 5.0, 0.1, -0.3, 0.0, 4.4, 2.9, 1.0])
+    if dtype == torch.float32:
+        x[3] = torch.randn(8, 64, generator=g).clamp(-1, 1) * 3e-35  # weight_scale_2 ~1e-38: subnormal
+        x[3, 0, :16] *= 1e-5  # an E4M3-subnormal block scale times a subnormal one
+    yield x.clamp(-6e4, 6e4).to(dtype).to(device)
+    big = torch.randn(2, 4, 1040, generator=g) * torch.exp(torch.randn(2, 4, 1, generator=g) * 2)
+    yield big.to(dtype).to(device)
+    yield (torch.randn(2, 2, 4, 32, generator=g) * torch.tensor([1.0, 50.0]).reshape(2, 1, 1, 1)).to(dtype).to(device)
+    yield (torch.randn(48, generator=g) * 5).to(dtype).to(device)
+
+
 _INTERPRETED = """
 import sys
 import torch
 from fideval.errors import FidevalError
 from fideval.quant import get_format, weight_kernel as wk
 sys.path.insert(0, sys.argv[1])
-from test_quant_weight_kernel import BITS, MX, fp8_inputs, mx_inputs
+from test_quant_weight_kernel import BITS, MX, fp8_inputs, mx_inputs, nvfp4_inputs
 bad = []
 def same(a, b, what):
     if not torch.equal(a.view(BITS[a.dtype]), b.view(BITS[b.dtype])):
@@ -107,13 +132,38 @@ for r in f.recipes:
     own = x.clone()
     assert wk.fp8_block_qdq(own, own, r, 128, "fp8_block")
     same(own, f.quant_dequant(x, r), ("fp8_block", r, "in place"))
-for name in ("mxfp4", "fp8_block"):  # NaN/Inf: check_finite's own one-line error
+f = get_format("nvfp4")
+for r in f.recipes:
+    for dt in (torch.float32, torch.float16):  # bf16: on the GPU only (the interpreter truncates; see the docstring)
+        for x in [*mx_inputs(dt, "cpu", cols=(32, 448)), *nvfp4_inputs(dt, "cpu")]:
+            out = torch.empty_like(x)
+            assert wk.nvfp4_qdq(x, out, r, "nvfp4")
+            same(out, f.quant_dequant(x, r), ("nvfp4", r))
+    x = next(nvfp4_inputs(torch.float32, "cpu"))
+    ref = f.quant_dequant(x, r)
+    own = x.clone()
+    assert wk.nvfp4_qdq(own, own, r, "nvfp4")
+    same(own, ref, ("nvfp4", r, "in place"))
+    stored = torch.empty(x.shape[0], x.shape[2], x.shape[1])
+    assert wk.nvfp4_qdq(x, stored.transpose(1, 2), r, "nvfp4")
+    same(stored.transpose(1, 2), ref, ("nvfp4", r, "transposed out"))
+x = torch.randn(2, 32) * 1e-37  # compressed_tensors: weight_global_scale overflows to inf; the torch path gives NaN
+x[0, :16] = 0  # for zeros (0 / 0): the kernel too, the other values equal
+out = torch.empty_like(x)
+assert wk.nvfp4_qdq(x, out, "compressed_tensors", "nvfp4")
+ref = f.quant_dequant(x, "compressed_tensors")
+nan = ref.isnan()
+if not (nan.any() and torch.equal(nan, out.isnan()) and torch.equal(out[~nan].view(torch.int32), ref[~nan].view(torch.int32))):
+    bad.append(("nvfp4 tiny amax", out, ref))
+kernels = {"mxfp4": lambda x, n: wk.mx_qdq(x, torch.empty_like(x), get_format(n).elem, "floor", n),
+           "fp8_block": lambda x, n: wk.fp8_block_qdq(x, torch.empty_like(x), "fp32", 128, n),
+           "nvfp4": lambda x, n: wk.nvfp4_qdq(x, torch.empty_like(x), "compressed_tensors", n)}
+for name, kernel in kernels.items():  # NaN/Inf: check_finite's own one-line error
     f = get_format(name)
     x = torch.randn(4, 256)
     x[1, 7], x[2, 100], x[3, 255] = float("nan"), float("inf"), -float("inf")
     msgs = []
-    for run in (lambda: f.quant_dequant(x), lambda: wk.mx_qdq(x, torch.empty_like(x), f.elem, "floor", name)
-                if name != "fp8_block" else wk.fp8_block_qdq(x, torch.empty_like(x), "fp32", 128, name)):
+    for run in (lambda: f.quant_dequant(x), lambda: kernel(x, name)):
         try:
             run()
         except FidevalError as e:
@@ -142,16 +192,44 @@ def test_cpu_tensors_and_unhandled_layouts_take_the_torch_path():
     assert wk.as_3d(torch.randn(2, 3, 4, 64).transpose(0, 1)) is None  # no [M, R, C] view: the torch path
     assert wk.as_3d(torch.randn(64)).shape == (1, 1, 64)
     assert not get_format("mxfp4")._qdq_kernel(x, "floor", 32, torch.empty_like(x))
+    assert not get_format("nvfp4")._qdq_kernel(x, "modelopt", 16, torch.empty_like(x))
+    assert not get_format("nvfp4")._qdq_kernel(x, "modelopt", 32, torch.empty_like(x))  # not NVFP4's block
     with pytest.raises(FidevalError, match="1 NaN/Inf value"):
         x[0, 0] = float("nan")
         get_format("mxfp4").quant_dequant(x)
+
+
+@pytest.mark.parametrize("recipe", ["modelopt", "compressed_tensors"])
+def test_nvfp4_tensor_scale_against_numpy_float32(recipe):
+    """The per-matrix tensor scale that the torch path and the kernel share (fideval.quant.nvfp4.tensor_scale) against
+    numpy float32: modelopt's weight_scale_2 = amax / 2688 correctly rounded; compressed_tensors' weight_global_scale
+    = 2688 / amax as torch computes a Python float over a tensor, the reciprocal then the product; 1 for amax 0."""
+    import numpy as np
+
+    from fideval.quant.nvfp4 import tensor_scale
+
+    amax = torch.tensor([0.0, 1e-40, 3e-35, 2.0**-100, 1.0, 5.5, 448.0 * 6, 12345.678, 3e38])
+    got = tensor_scale(amax, recipe).numpy()
+    a = amax.numpy().astype(np.float32)
+    with np.errstate(divide="ignore", over="ignore"):
+        if recipe == "modelopt":
+            want = np.where(a == 0, np.float32(1), a / np.float32(2688))
+        else:
+            want = np.where(a == 0, np.float32(1), (np.float32(1) / a) * np.float32(2688))
+    assert np.array_equal(got.view(np.int32), want.astype(np.float32).view(np.int32)), (got, want)
 
 
 cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
 
 
 def _gpu_cases():
-    return [(n, r) for n in (*MX, "fp8_block") for r in get_format(n).recipes]
+    return [(n, r) for n in (*MX, "fp8_block", "nvfp4") for r in get_format(n).recipes]
+
+
+def _inputs(name: str, dtype: torch.dtype, device: str) -> list[torch.Tensor]:
+    if name == "nvfp4":
+        return [*mx_inputs(dtype, device), *nvfp4_inputs(dtype, device)]
+    return list(mx_inputs(dtype, device) if name in MX else fp8_inputs(dtype, device))
 
 
 @pytest.mark.gpu
@@ -161,7 +239,7 @@ def _gpu_cases():
 def test_kernel_on_the_gpu_gives_the_torch_bits(name, recipe, dtype):
     f = get_format(name)
     g = torch.Generator().manual_seed(3)
-    inputs = list(mx_inputs(dtype, "cuda") if name in MX else fp8_inputs(dtype, "cuda"))
+    inputs = _inputs(name, dtype, "cuda")
     big = torch.randn(3, 512, 7168, generator=g) * torch.exp(torch.randn(3, 512, 1, generator=g) * 2)
     inputs.append(big.to(dtype).cuda())  # [E, out, in]
     for x in inputs:

@@ -28,6 +28,19 @@ NVFP4_BLOCK = 16
 E4M3_MIN_SUB = 2.0**-9
 
 
+def tensor_scale(amax: torch.Tensor, recipe: str) -> torch.Tensor:
+    """The per-matrix tensor scale from matrix amaxes (any shape, float32): ``weight_scale_2 = amax / (6 x 448)``
+    (modelopt) or ``weight_global_scale = 6 x 448 / amax`` (compressed_tensors; a Python float over a tensor, which torch
+    computes as reciprocal-then-multiply on every device, as the producers' torch code does); 1 for an all-zero matrix.
+    The torch path and the CUDA kernel (fideval.quant.weight_kernel) both take it from here."""
+    amax = amax.float()
+    zero = amax == 0
+    safe = torch.where(zero, torch.ones_like(amax), amax)
+    if recipe == "modelopt":
+        return torch.where(zero, torch.ones_like(amax), safe / (amax.new_tensor(6.0) * E4M3.max))
+    return torch.where(zero, torch.ones_like(amax), (E4M3.max * 6.0) / safe)
+
+
 class NVFP4(Format):
     name = "nvfp4"
     recipes = ("modelopt", "compressed_tensors")
@@ -43,6 +56,13 @@ class NVFP4(Format):
     def storage_bits(self, shape, group=None, recipe=None) -> int:
         return super().storage_bits(shape, group, recipe) + 32  # + the tensor scale
 
+    def _qdq_kernel(self, x, recipe, group, out) -> bool:
+        """CUDA + Triton: an amax kernel, the ``[M]`` tensor scales in torch, one kernel for the blocks; the torch
+        path's bits (:mod:`fideval.quant.weight_kernel`)."""
+        from fideval.quant import weight_kernel
+
+        return group == NVFP4_BLOCK and weight_kernel.usable(x, out) and weight_kernel.nvfp4_qdq(x, out, recipe, self.name)
+
     def matrix_context(self, mat: torch.Tensor) -> dict:
         return {"tensor_amax": mat.abs().amax().float()}
 
@@ -55,17 +75,11 @@ class NVFP4(Format):
         amax_t = amax_t.expand(mats.shape[0], 1)
         blocks = mats.reshape(mats.shape[0], -1, group)  # [M, nblocks, 16]
         amax_b = blocks.abs().amax(-1)  # [M, nblocks]
-        zero_t = amax_t == 0
-        safe_t = torch.where(zero_t, torch.ones_like(amax_t), amax_t)
         # divisors as tensors: torch's CUDA kernel multiplies by the reciprocal of a Python scalar divisor (an ulp off,
         # often); the CPU and the producers divide (fideval.quant.weight_kernel's docstring has the measurement)
         six = amax_b.new_tensor(6.0, dtype=torch.float32)
-        if recipe == "modelopt":
-            ts = torch.where(zero_t, torch.ones_like(amax_t), safe_t / (six * E4M3.max))  # weight_scale_2
-            sb = (amax_b / six) / ts
-        else:
-            gs = torch.where(zero_t, torch.ones_like(amax_t), (E4M3.max * 6.0) / safe_t)  # weight_global_scale
-            sb = (amax_b / six) * gs
+        ts = gs = tensor_scale(amax_t, recipe)  # weight_scale_2 (modelopt) or weight_global_scale (compressed_tensors)
+        sb = (amax_b / six) / ts if recipe == "modelopt" else (amax_b / six) * gs
         sb = cast(sb.clamp(E4M3_MIN_SUB, E4M3.max), E4M3)
         sb = torch.where(amax_b > 0, sb, torch.ones_like(sb))
         total = sb * ts if recipe == "modelopt" else sb / gs

@@ -1,5 +1,6 @@
-"""Weight quantize-dequantize (:meth:`fideval.quant.base.Format.quant_dequant`) of the MX formats and ``fp8_block`` as
-one Triton kernel per tensor on CUDA: the torch path's bits, one read and one write of the weights.
+"""Weight quantize-dequantize (:meth:`fideval.quant.base.Format.quant_dequant`) of the MX formats, ``fp8_block`` and
+``nvfp4`` as one Triton kernel per tensor on CUDA (NVFP4: two, an amax pass first): the torch path's bits, one read and
+one write of the weights (NVFP4: two reads).
 
 Why. A candidate's emulated weights are made as each layer loads on the GPU. The torch path is a dozen elementwise
 passes over float32 copies per 2**24-element chunk plus a ``check_finite`` host sync per chunk: measured on an H100,
@@ -21,6 +22,11 @@ NaN/Inf. The torch path raises per chunk (a host sync each time). Here every pro
 into one device counter (an atomic only where it found some), read once per tensor after the launch: the same
 one-line :class:`FidevalError`, with ``out`` possibly written (as the torch path leaves earlier chunks written).
 
+NVFP4. Its tensor scale is per matrix (``[E, out, in]``: one per expert), so a first kernel takes each matrix's amax
+(an integer ``atomic_max`` of the float32 bits of ``|x|``, exact), :func:`fideval.quant.nvfp4.tensor_scale` turns the ``[M]``
+amaxes into ``weight_scale_2`` / ``weight_global_scale`` (the torch path's own function: its bits by construction,
+with no host sync), and the second kernel does the blocks of 16 with them.
+
 Layouts: any strides of ``x`` and ``out`` over ``[M, R, C]`` (a transposed ``out`` view is written through, slowly);
 an ``out`` that shares memory with ``x`` without being the same view, dtypes other than bf16/fp16/float32 and grids
 past CUDA's limits are left to the torch path (:func:`as_3d` returns None, the caller falls back).
@@ -40,6 +46,7 @@ except ImportError:  # pragma: no cover - depends on the machine
     triton = None
     tl = None
 
+NV_BLOCKS_PER_PROGRAM = 64  # NVFP4: 64 blocks of 16, the same 1,024 elements a program (not yet timed on a GPU)
 MX_BLOCKS_PER_PROGRAM = 32  # 1,024 elements a program: 419 Gelem/s in bf16 on an H100 where 8 (act_kernel's shape) gave 271
 ROUNDER = 12582912.0  # 1.5 x 2^23: adding and subtracting it rounds a float32 below 2^22 to an integer, half to even
 DTYPES = (torch.bfloat16, torch.float16, torch.float32)
@@ -122,8 +129,43 @@ def fp8_block_qdq(x: torch.Tensor, out: torch.Tensor, recipe: str, tile: int, na
     return True
 
 
+def nvfp4_qdq(x: torch.Tensor, out: torch.Tensor, recipe: str, name: str) -> bool:
+    """NVFP4 quantize-dequantize of ``x`` into ``out`` (blocks of 16 along the last dim, one tensor scale per matrix of
+    the last two dims); False where the layout is not handled (nothing written then)."""
+    x3, o3 = as_3d(x), as_3d(out)
+    if x3 is None or o3 is None:
+        return False
+    m, r, c = x3.shape
+    grid = (m * r, triton.cdiv(c // 16, NV_BLOCKS_PER_PROGRAM))
+    if any(g > lim for g, lim in zip(grid, GRID_MAX)):
+        return False
+    amax_bits = torch.zeros(m, dtype=torch.int32, device=x.device)
+    _nvfp4_amax[grid](x3, amax_bits, r, c, *x3.stride(), GROUP=NV_BLOCKS_PER_PROGRAM, num_warps=4)
+    from fideval.quant.nvfp4 import tensor_scale  # the torch path's own expressions: its bits by construction
+
+    ts = tensor_scale(amax_bits.view(torch.float32), recipe)  # a NaN's bits sort above inf: NaN, then raised
+    counter = torch.zeros(1, dtype=torch.int64, device=x.device)
+    _nvfp4_qdq[grid](
+        x3,
+        o3,
+        ts,
+        counter,
+        r,
+        c,
+        *x3.stride(),
+        *o3.stride(),
+        MODELOPT=recipe == "modelopt",
+        GROUP=NV_BLOCKS_PER_PROGRAM,
+        num_warps=4,
+        enable_reflect_ftz=False,
+    )
+    _finish(counter, name)
+    return True
+
+
 if triton is not None:
     _ROUNDER, _E4M3_MAX = tl.constexpr(ROUNDER), tl.constexpr(E4M3.max)  # jit sees constexprs
+    _E4M3_MIN_SUB = tl.constexpr(2.0**-9)  # nvfp4.E4M3_MIN_SUB
 
     @triton.jit
     def _pow2(k):
@@ -213,3 +255,39 @@ if triton is not None:
         if out_ptr.dtype.element_ty != tl.float32:
             y = y.to(out_ptr.dtype.element_ty, fp_downcast_rounding="rtne")
         tl.store(out_ptr + m * som + rows * sor + cols * soc, y, mask=mask)
+
+    @triton.jit
+    def _nvfp4_amax(x_ptr, amax_ptr, R, C, sxm, sxr, sxc, GROUP: tl.constexpr):
+        """Each matrix's max |x| as float32 bits: integer order is float order for non-negative floats."""
+        pid = tl.program_id(0).to(tl.int64)
+        m, row = pid // R, pid % R
+        cols = tl.program_id(1).to(tl.int64) * GROUP * 16 + tl.arange(0, GROUP * 16)
+        x = tl.load(x_ptr + m * sxm + row * sxr + cols * sxc, mask=cols < C, other=0.0).to(tl.float32)
+        a = tl.max(x.to(tl.int32, bitcast=True) & 0x7FFFFFFF, axis=0)
+        tl.atomic_max(amax_ptr + m, a, mask=a > 0)
+
+    @triton.jit
+    def _nvfp4_qdq(
+        x_ptr, out_ptr, ts_ptr, cnt_ptr, R, C, sxm, sxr, sxc, som, sor, soc, MODELOPT: tl.constexpr, GROUP: tl.constexpr
+    ):
+        pid = tl.program_id(0).to(tl.int64)
+        m, row = pid // R, pid % R
+        cols = tl.program_id(1).to(tl.int64) * GROUP * 16 + tl.arange(0, GROUP)[:, None] * 16 + tl.arange(0, 16)[None, :]
+        mask = cols < C  # C is a multiple of 16: whole blocks in or out
+        x = tl.load(x_ptr + m * sxm + row * sxr + cols * sxc, mask=mask, other=0.0).to(tl.float32)
+        _count_nonfinite(x, cnt_ptr)
+        amax = tl.max(tl.abs(x), axis=1)
+        t = tl.full(amax.shape, 1.0, tl.float32) * tl.load(ts_ptr + m)  # weight_scale_2 or weight_global_scale
+        sb = tl.math.div_rn(amax, tl.full(amax.shape, 6.0, tl.float32))
+        sb = tl.math.div_rn(sb, t) if MODELOPT else sb * t
+        sb = _cast(tl.minimum(tl.maximum(sb, _E4M3_MIN_SUB), _E4M3_MAX), _E4M3_MAX, -6, 3)
+        sb = tl.where(amax > 0, sb, 1.0)
+        total = sb * t if MODELOPT else tl.math.div_rn(sb, t)
+        q = tl.math.div_rn(x, tl.full(x.shape, 1.0, tl.float32) * total[:, None])
+        # E2M1; _cast saturates at 6 (the torch path's clamp) and keeps the sign (-0 too). A NaN stays NaN as in the
+        # torch path: 0 / 0 where weight_global_scale overflowed to inf (a matrix amax below 2688 / FLT_MAX ~ 7.9e-36)
+        q = tl.where(q == q, _cast(q, 6.0, 0, 1), q)
+        y = q * total[:, None]
+        if out_ptr.dtype.element_ty != tl.float32:
+            y = y.to(out_ptr.dtype.element_ty, fp_downcast_rounding="rtne")
+        tl.store(out_ptr + m * som + row * sor + cols * soc, y, mask=mask)
