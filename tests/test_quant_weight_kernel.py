@@ -93,6 +93,7 @@ import sys
 import torch
 from fideval.errors import FidevalError
 from fideval.quant import get_format, weight_kernel as wk
+from fideval.quant.nvfp4 import tensor_scale
 sys.path.insert(0, sys.argv[1])
 from test_quant_weight_kernel import BITS, MX, fp8_inputs, mx_inputs, nvfp4_inputs
 bad = []
@@ -137,27 +138,27 @@ for r in f.recipes:
     for dt in (torch.float32, torch.float16):  # bf16: on the GPU only (the interpreter truncates; see the docstring)
         for x in [*mx_inputs(dt, "cpu", cols=(32, 448)), *nvfp4_inputs(dt, "cpu")]:
             out = torch.empty_like(x)
-            assert wk.nvfp4_qdq(x, out, r, "nvfp4")
+            assert wk.nvfp4_qdq(x, out, r, "nvfp4", tensor_scale)
             same(out, f.quant_dequant(x, r), ("nvfp4", r))
     x = next(nvfp4_inputs(torch.float32, "cpu"))
     ref = f.quant_dequant(x, r)
     own = x.clone()
-    assert wk.nvfp4_qdq(own, own, r, "nvfp4")
+    assert wk.nvfp4_qdq(own, own, r, "nvfp4", tensor_scale)
     same(own, ref, ("nvfp4", r, "in place"))
     stored = torch.empty(x.shape[0], x.shape[2], x.shape[1])
-    assert wk.nvfp4_qdq(x, stored.transpose(1, 2), r, "nvfp4")
+    assert wk.nvfp4_qdq(x, stored.transpose(1, 2), r, "nvfp4", tensor_scale)
     same(stored.transpose(1, 2), ref, ("nvfp4", r, "transposed out"))
 x = torch.randn(2, 32) * 1e-37  # compressed_tensors: weight_global_scale overflows to inf; the torch path gives NaN
 x[0, :16] = 0  # for zeros (0 / 0): the kernel too, the other values equal
 out = torch.empty_like(x)
-assert wk.nvfp4_qdq(x, out, "compressed_tensors", "nvfp4")
+assert wk.nvfp4_qdq(x, out, "compressed_tensors", "nvfp4", tensor_scale)
 ref = f.quant_dequant(x, "compressed_tensors")
 nan = ref.isnan()
 if not (nan.any() and torch.equal(nan, out.isnan()) and torch.equal(out[~nan].view(torch.int32), ref[~nan].view(torch.int32))):
     bad.append(("nvfp4 tiny amax", out, ref))
 kernels = {"mxfp4": lambda x, n: wk.mx_qdq(x, torch.empty_like(x), get_format(n).elem, "floor", n),
            "fp8_block": lambda x, n: wk.fp8_block_qdq(x, torch.empty_like(x), "fp32", 128, n),
-           "nvfp4": lambda x, n: wk.nvfp4_qdq(x, torch.empty_like(x), "compressed_tensors", n)}
+           "nvfp4": lambda x, n: wk.nvfp4_qdq(x, torch.empty_like(x), "compressed_tensors", n, tensor_scale)}
 for name, kernel in kernels.items():  # NaN/Inf: check_finite's own one-line error
     f = get_format(name)
     x = torch.randn(4, 256)

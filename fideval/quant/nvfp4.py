@@ -61,7 +61,8 @@ class NVFP4(Format):
         path's bits (:mod:`fideval.quant.weight_kernel`)."""
         from fideval.quant import weight_kernel
 
-        return group == NVFP4_BLOCK and weight_kernel.usable(x, out) and weight_kernel.nvfp4_qdq(x, out, recipe, self.name)
+        return (group == NVFP4_BLOCK and weight_kernel.usable(x, out)
+                and weight_kernel.nvfp4_qdq(x, out, recipe, self.name, tensor_scale))
 
     def matrix_context(self, mat: torch.Tensor) -> dict:
         return {"tensor_amax": mat.abs().amax().float()}

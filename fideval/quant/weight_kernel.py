@@ -34,6 +34,8 @@ past CUDA's limits are left to the torch path (:func:`as_3d` returns None, the c
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import torch
 
 from fideval.errors import FidevalError
@@ -129,9 +131,10 @@ def fp8_block_qdq(x: torch.Tensor, out: torch.Tensor, recipe: str, tile: int, na
     return True
 
 
-def nvfp4_qdq(x: torch.Tensor, out: torch.Tensor, recipe: str, name: str) -> bool:
+def nvfp4_qdq(x: torch.Tensor, out: torch.Tensor, recipe: str, name: str, tensor_scale: Callable) -> bool:
     """NVFP4 quantize-dequantize of ``x`` into ``out`` (blocks of 16 along the last dim, one tensor scale per matrix of
-    the last two dims); False where the layout is not handled (nothing written then)."""
+    the last two dims); False where the layout is not handled (nothing written then). ``tensor_scale(amax, recipe)``:
+    :func:`fideval.quant.nvfp4.tensor_scale`, passed in (this module imports no format module)."""
     x3, o3 = as_3d(x), as_3d(out)
     if x3 is None or o3 is None:
         return False
@@ -141,9 +144,8 @@ def nvfp4_qdq(x: torch.Tensor, out: torch.Tensor, recipe: str, name: str) -> boo
         return False
     amax_bits = torch.zeros(m, dtype=torch.int32, device=x.device)
     _nvfp4_amax[grid](x3, amax_bits, r, c, *x3.stride(), GROUP=NV_BLOCKS_PER_PROGRAM, num_warps=4)
-    from fideval.quant.nvfp4 import tensor_scale  # the torch path's own expressions: its bits by construction
-
-    ts = tensor_scale(amax_bits.view(torch.float32), recipe)  # a NaN's bits sort above inf: NaN, then raised
+    # the torch path's own function: its bits by construction (a NaN's bits sort above inf: NaN, then raised)
+    ts = tensor_scale(amax_bits.view(torch.float32), recipe)
     counter = torch.zeros(1, dtype=torch.int64, device=x.device)
     _nvfp4_qdq[grid](
         x3,
