@@ -86,8 +86,9 @@ def demo_text(n_chars: int) -> str:
     return "\n".join(lines)[:n_chars]
 
 
-def perplexity(bin_dir: Path, *args: str) -> str:
-    cmd = [str(bin_dir / "llama-perplexity"), "-c", str(N_CTX), "-b", str(N_CTX), "-t", "2", "--no-warmup", *args]
+def perplexity(bin_dir: Path, *args: str, n_ctx: int = N_CTX) -> str:
+    """``llama-perplexity`` with contexts (and batches) of ``n_ctx`` on 2 threads, no warm-up; its whole log."""
+    cmd = [str(bin_dir / "llama-perplexity"), "-c", str(n_ctx), "-b", str(n_ctx), "-t", "2", "--no-warmup", *args]
     run = subprocess.run(cmd, capture_output=True, text=True)
     if run.returncode != 0:
         raise SystemExit(f"{' '.join(cmd)} failed:\n{run.stderr[-3000:]}")

@@ -58,16 +58,22 @@ def configs() -> dict:
     }
 
 
-def save_reference(name: str, folder: Path, seed: int) -> None:
+def save_random(config, folder: Path, seed: int) -> None:
+    """A float16 model of ``config`` with random weights (norms 1 + 0.1 N(0,1), the rest 0.1 N(0,1); ``seed``), saved
+    to ``folder`` without its generation config."""
     from transformers import AutoModelForCausalLM
 
     torch.manual_seed(seed)
-    model = AutoModelForCausalLM.from_config(configs()[name], dtype=torch.float32)
+    model = AutoModelForCausalLM.from_config(config, dtype=torch.float32)
     with torch.no_grad():
         for n, p in model.named_parameters():
             p.copy_(1.0 + 0.1 * torch.randn_like(p) if "norm" in n else 0.1 * torch.randn_like(p))
     model.to(torch.float16).save_pretrained(folder)
     (folder / "generation_config.json").unlink(missing_ok=True)
+
+
+def save_reference(name: str, folder: Path, seed: int) -> None:
+    save_random(configs()[name], folder, seed)
 
 
 def write_imatrix(path: Path, f32: Path, seed: int) -> None:

@@ -73,20 +73,14 @@ def llama_config():
 
 def save_reference(name: str, folder: Path, seed: int = 0) -> None:
     """The float16 reference folder: the DeepSeek-V3 of ``moe/``, or the llama of :func:`llama_config` with
-    ``moe_ggufs``' random weights (norms 1 + 0.1 N(0,1), the rest 0.1 N(0,1))."""
-    import torch
-    from transformers import AutoModelForCausalLM
-
+    ``mix_ggufs``' random weights (norms 1 + 0.1 N(0,1), the rest 0.1 N(0,1))."""
     if name == "deepseek2":
         shutil.copytree(MOE / "deepseek_v3", folder)
         return
-    torch.manual_seed(seed)
-    model = AutoModelForCausalLM.from_config(llama_config(), dtype=torch.float32)
-    with torch.no_grad():
-        for n, p in model.named_parameters():
-            p.copy_(1.0 + 0.1 * torch.randn_like(p) if "norm" in n else 0.1 * torch.randn_like(p))
-    model.to(torch.float16).save_pretrained(folder)
-    (folder / "generation_config.json").unlink(missing_ok=True)
+    sys.path.insert(0, str(Path(__file__).resolve().parent))
+    from mix_ggufs import save_random
+
+    save_random(llama_config(), folder, seed)
 
 
 def convert(llama_cpp: Path, folder: Path, out: Path) -> None:
@@ -169,14 +163,6 @@ def row_kld(base_kld: Path, logits: np.ndarray) -> np.ndarray:
     return (np.exp(p) * (p - q)).sum(1)
 
 
-def perplexity(bin_dir: Path, *args: str) -> str:
-    cmd = [str(bin_dir / "llama-perplexity"), "-c", str(N_CTX), "-b", str(N_CTX), "-t", "2", "--no-warmup", *args]
-    run = subprocess.run(cmd, capture_output=True, text=True)
-    if run.returncode != 0:
-        raise SystemExit(f"{' '.join(cmd)} failed:\n{run.stderr[-3000:]}")
-    return run.stdout + run.stderr
-
-
 def export(store: Path, out: Path, *more: str) -> None:
     subprocess.run([sys.executable, "-m", "fideval", "export-llamacpp", str(store), str(out), *more], check=True,
                    capture_output=True)
@@ -184,7 +170,7 @@ def export(store: Path, out: Path, *more: str) -> None:
 
 def main() -> int:
     sys.path.insert(0, str(Path(__file__).resolve().parent))
-    from export_check import parse_stats
+    from export_check import parse_stats, perplexity
     from mix_ggufs import quantize
 
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
@@ -253,7 +239,7 @@ def main() -> int:
             for base in ("base.kld", "base-llamacpp.kld"):
                 for fa in ("auto", "off"):
                     log = perplexity(a.bin, "-m", str(cand), "-fa", fa, "--kl-divergence-base", str(dest / base),
-                                     "--kl-divergence")
+                                     "--kl-divergence", n_ctx=N_CTX)
                     printed[f"{base}{'' if fa == 'auto' else ' fa_off'}"] = parse_stats(log)
             fid = {}
             for path in ("llamacpp", "weights-only"):
