@@ -164,5 +164,9 @@ def ceil_pow2_exponent(s: torch.Tensor) -> torch.Tensor:
 def check_finite(x: torch.Tensor, what: str) -> None:
     """One-line error for NaN/Inf input: every scale recipe would silently turn a block into NaN."""
     if not bool(torch.isfinite(x).all()):
-        n = int((~torch.isfinite(x)).sum())
-        raise FidevalError(f"{what}: {n} NaN/Inf value(s) in the tensor to quantize", hint="check the checkpoint")
+        raise nonfinite_error(what, int((~torch.isfinite(x)).sum()))
+
+
+def nonfinite_error(what: str, n: int) -> FidevalError:
+    """The one-line error for ``n`` NaN/Inf values met by ``what`` (the torch path's check and the kernels' counter)."""
+    return FidevalError(f"{what}: {n} NaN/Inf value(s) in the tensor to quantize", hint="check the checkpoint")

@@ -38,8 +38,7 @@ from collections.abc import Callable
 
 import torch
 
-from fideval.errors import FidevalError
-from fideval.quant.elements import E4M3, ElementFormat
+from fideval.quant.elements import E4M3, ElementFormat, nonfinite_error
 
 try:  # optional: the CPU machine and CI may lack it; quant_dequant then runs its torch path
     import triton
@@ -74,23 +73,33 @@ def as_3d(t: torch.Tensor) -> torch.Tensor | None:
         return None
 
 
+def _launch_views(x: torch.Tensor, out: torch.Tensor, grid_of: Callable) -> tuple | None:
+    """``x`` and ``out`` as ``[M, R, C]`` views and the launch grid ``grid_of(M, R, C)``; None where a layout or the grid
+    is past what the kernels take (the torch path runs)."""
+    x3, o3 = as_3d(x), as_3d(out)
+    if x3 is None or o3 is None:
+        return None
+    grid = grid_of(*x3.shape)
+    if any(g > lim for g, lim in zip(grid, GRID_MAX)):
+        return None
+    return x3, o3, grid
+
+
 def _finish(counter: torch.Tensor, name: str) -> None:
     """The one host sync per tensor: :func:`fideval.quant.elements.check_finite`'s error if any value was NaN/Inf."""
     n = int(counter.item())
     if n:
-        raise FidevalError(f"format {name}: {n} NaN/Inf value(s) in the tensor to quantize", hint="check the checkpoint")
+        raise nonfinite_error(f"format {name}", n)
 
 
 def mx_qdq(x: torch.Tensor, out: torch.Tensor, elem: ElementFormat, recipe: str, name: str) -> bool:
     """MX quantize-dequantize of ``x`` into ``out`` (blocks of 32 along the last dim); False where the layout is not
     handled (nothing written then). Arguments are checked by the caller (``Format._prepare``)."""
-    x3, o3 = as_3d(x), as_3d(out)
-    if x3 is None or o3 is None:
+    v = _launch_views(x, out, lambda m, r, c: (m * r, triton.cdiv(c // 32, MX_BLOCKS_PER_PROGRAM)))
+    if v is None:
         return False
-    m, r, c = x3.shape
-    grid = (m * r, triton.cdiv(c // 32, MX_BLOCKS_PER_PROGRAM))
-    if any(g > lim for g, lim in zip(grid, GRID_MAX)):
-        return False
+    x3, o3, grid = v
+    r, c = x3.shape[1:]
     counter = torch.zeros(1, dtype=torch.int64, device=x.device)
     _mx_qdq[grid](
         x3,
@@ -116,13 +125,13 @@ def mx_qdq(x: torch.Tensor, out: torch.Tensor, elem: ElementFormat, recipe: str,
 def fp8_block_qdq(x: torch.Tensor, out: torch.Tensor, recipe: str, tile: int, name: str) -> bool:
     """``fp8_block`` quantize-dequantize of ``x`` into ``out`` (``tile`` x ``tile`` over the last two dims, edge tiles
     partial); False where the layout or tile is not handled (nothing written then)."""
-    x3, o3 = as_3d(x), as_3d(out)
-    if x3 is None or o3 is None or tile & (tile - 1) or not 16 <= tile <= 128:
+    if tile & (tile - 1) or not 16 <= tile <= 128:
         return False
-    m, r, c = x3.shape
-    grid = (triton.cdiv(r, tile), triton.cdiv(c, tile), m)
-    if any(g > lim for g, lim in zip(grid, GRID_MAX)):
+    v = _launch_views(x, out, lambda m, r, c: (triton.cdiv(r, tile), triton.cdiv(c, tile), m))
+    if v is None:
         return False
+    x3, o3, grid = v
+    r, c = x3.shape[1:]
     counter = torch.zeros(1, dtype=torch.int64, device=x.device)
     _fp8_qdq[grid](
         x3, o3, counter, r, c, *x3.stride(), *o3.stride(), T=tile, UE8M0=recipe == "ue8m0", num_warps=8, enable_reflect_ftz=False
@@ -135,13 +144,11 @@ def nvfp4_qdq(x: torch.Tensor, out: torch.Tensor, recipe: str, name: str, tensor
     """NVFP4 quantize-dequantize of ``x`` into ``out`` (blocks of 16 along the last dim, one tensor scale per matrix of
     the last two dims); False where the layout is not handled (nothing written then). ``tensor_scale(amax, recipe)``:
     :func:`fideval.quant.nvfp4.tensor_scale`, passed in (this module imports no format module)."""
-    x3, o3 = as_3d(x), as_3d(out)
-    if x3 is None or o3 is None:
+    v = _launch_views(x, out, lambda m, r, c: (m * r, triton.cdiv(c // 16, NV_BLOCKS_PER_PROGRAM)))
+    if v is None:
         return False
+    x3, o3, grid = v
     m, r, c = x3.shape
-    grid = (m * r, triton.cdiv(c // 16, NV_BLOCKS_PER_PROGRAM))
-    if any(g > lim for g, lim in zip(grid, GRID_MAX)):
-        return False
     amax_bits = torch.zeros(m, dtype=torch.int32, device=x.device)
     _nvfp4_amax[grid](x3, amax_bits, r, c, *x3.stride(), GROUP=NV_BLOCKS_PER_PROGRAM, num_warps=4)
     # the torch path's own function: its bits by construction (a NaN's bits sort above inf: NaN, then raised)
