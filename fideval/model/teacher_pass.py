@@ -459,18 +459,13 @@ class TeacherPass:
         written all the same)."""
         bad = [c for c in canaries if c.get("identical") is False]
         if bad:
+            from fideval.model.execution.hooks import canary_pair
+
             c = bad[0]
             of = f" of {c['model']}" if "model" in c else ""
             raise FidevalError(f"canary{of} {c.get('seq_id')} in {c['folder']} changed between the start and the end of the "
                                f"run ({canary_pair(c)})",
                                hint=f"the run is not bit-reproducible on this device; {what} written, the manifest records it")
-
-
-def canary_pair(c: dict[str, Any]) -> str:
-    """A canary verdict's two digests, shortened, for a one-line message (``digest_*``; stores written before
-    2026-12-08 have ``sha256_*``)."""
-    a, b = (str(c.get(f"digest_{k}") or c.get(f"sha256_{k}") or "")[-12:] for k in ("start", "end"))
-    return f"{a} vs {b}"
 
 
 def _hidden_size(drv: Any, config: Any) -> int:

@@ -471,7 +471,7 @@ def score_candidate(teacher: StoreReader, candidate: Candidate, out_dir: str | P
     cache.clear()
     changed = ((candidate.info or {}).get("run_settings") or {}).get("canary") or {}
     if changed.get("identical") is False:  # as fideval teacher: the records are written, the command fails
-        from fideval.model.teacher_pass import canary_pair
+        from fideval.model.execution.hooks import canary_pair
 
         raise FidevalError(f"the canary of {candidate.name}/{candidate.path} (sequence {changed.get('seq_id')}) changed "
                            f"between the start and the end of the run ({canary_pair(changed)})",

@@ -101,6 +101,13 @@ def warm_experts(config, device: torch.device, dtype: torch.dtype, stats: dict) 
     stats["warmup_s"] = stats.get("warmup_s", 0.0) + time.perf_counter() - t0
 
 
+def canary_pair(verdict: dict) -> str:
+    """A :class:`Canary` verdict's two digests, shortened, for a one-line message (``digest_*``; stores written before
+    2026-12-08 have ``sha256_*``)."""
+    a, b = (str(verdict.get(f"digest_{k}") or verdict.get(f"sha256_{k}") or "")[-12:] for k in ("start", "end"))
+    return f"{a} vs {b}"
+
+
 class Canary:
     """The run's first micro-batch computed again as its last; the first sequence's logits must be
     bit-identical both times (a GPU whose kernels drift, or a composition-dependent path, shows here).
