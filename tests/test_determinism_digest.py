@@ -98,3 +98,17 @@ def test_digest_on_cuda_equals_the_cpu():
         assert digest(x.cuda()) == digest(x) == digest(x, "cuda") == _oracle(x)  # a host tensor digested on the GPU
     h = torch.randn(512, 129_280, generator=g).to(torch.bfloat16)
     assert digest(h.cuda()) == digest(h)
+
+
+def test_a_changed_canary_is_one_line_naming_both_digests_new_and_legacy_keys():
+    from fideval.errors import FidevalError
+    from fideval.model.teacher_pass import TeacherPass
+
+    new = {"identical": False, "seq_id": "code-000", "folder": "cuts-8", "digest_start": "lin128-v1:8:" + "a" * 32,
+           "digest_end": "lin128-v1:8:" + "b" * 32}
+    old = {"identical": False, "seq_id": "code-000", "folder": "cuts-8", "sha256_start": "c" * 64, "sha256_end": "d" * 64}
+    for verdict, pair in ((new, "a" * 12 + " vs " + "b" * 12), (old, "c" * 12 + " vs " + "d" * 12)):
+        with pytest.raises(FidevalError) as e:
+            TeacherPass.check_canaries([verdict, {"identical": True}], "the store was")
+        assert f"canary code-000 in cuts-8 changed between the start and the end of the run ({pair})" in str(e.value)
+    TeacherPass.check_canaries([{"identical": True}, {"identical": None}], "the store was")  # unchecked is no failure
