@@ -63,6 +63,18 @@ def setup(request, tmp_path_factory):
     return {"tmp": tmp, "fam": fam, "model": model, "toks": toks, "ids": ids, "cfg": tmp / "c.yaml", "tokens": tokens}
 
 
+def _record(setup, opts: dict, folder) -> dict:
+    """A run with ``opts`` that records its own routes into ``folder`` (routes and index, as `fideval score --routes`
+    writes them); its logits by row."""
+    rec = Runner(setup["model"], RunnerOptions(**opts, routes=True))
+    free = {}
+    for row, x in rec.run(setup["toks"]):
+        free[row] = x.clone()
+        rf.write_sequence(folder, setup["ids"][row], rec.routes.pop(row))
+    rf.write_index(folder, "candidate", {"records_sha256": None})
+    return free
+
+
 def test_the_teachers_own_routes_give_its_logits_bit_for_bit(setup):
     opts = {"micro_batch": 4, "mlp_tokens": None}  # the canary repeats a forced micro-batch: it must be forced again
     free = _logits(Runner(setup["model"], RunnerOptions(**opts)), setup["toks"])
@@ -78,12 +90,7 @@ def test_the_throughput_modes_blocks_record_and_force_the_same_rows(setup, tmp_p
     """MLP token blocks spanning micro-batches (mlp_tokens 20 over micro-batches of 4 x 12 tokens: blocks of one and
     of several micro-batches): the recorded ids are the whole-layer run's and forcing them back gives its bits."""
     opts = {"micro_batch": 1, "mlp_tokens": 30}
-    rec = Runner(setup["model"], RunnerOptions(**opts, routes=True))
-    free = {}
-    for row, x in rec.run(setup["toks"]):
-        free[row] = x.clone()
-        rf.write_sequence(tmp_path, setup["ids"][row], rec.routes.pop(row))
-    rf.write_index(tmp_path, "candidate", {"records_sha256": None})
+    free = _record(setup, opts, tmp_path)
     td, _ = rf.read_index(setup["tmp"] / "teacher")
     for sid in setup["ids"]:
         mine, whole = rf.read_sequence(tmp_path / "routes" / f"{sid}.safetensors"), rf.read_sequence(td / f"{sid}.safetensors")
@@ -102,12 +109,7 @@ def test_a_candidates_own_routes_give_its_free_run(setup, tmp_path):
     cfg = load_config(setup["cfg"])
     hooks, _ = describe(cfg, cfg.candidates[0], "weights-only", locate(cfg.model.path, cfg.model.revision))
     opts = {"micro_batch": 4, "mlp_tokens": None, **hooks}
-    rec = Runner(setup["model"], RunnerOptions(**opts, routes=True))
-    free = {}
-    for row, x in rec.run(setup["toks"]):
-        free[row] = x.clone()
-        rf.write_sequence(tmp_path, setup["ids"][row], rec.routes.pop(row))
-    rf.write_index(tmp_path, "candidate", {"records_sha256": None})
+    free = _record(setup, opts, tmp_path)
     forced = _logits(Runner(setup["model"], RunnerOptions(**opts, force_routes=_source(tmp_path, setup["ids"]))), setup["toks"])
     for row in free:
         assert torch.equal(forced[row], free[row]), row
