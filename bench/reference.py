@@ -73,7 +73,8 @@ def run_backend(ckpt: Path, implementation: str, toks: np.ndarray, device: str, 
             "alloc_retries": torch.cuda.memory_stats().get("num_alloc_retries", 0) - retries0} if device == "cuda" else None)
     return {"wall_s": wall, "startup_s": startup, "parts": stats.get("parts", {}), "logits": kept, "tokens": toks.size, "memory": mem,
             "load_s": stats["load_s"], "wait_s": stats["wait_s"],
-            "experts": drv.kernels.get("routed_experts", "the vendor's loop") if drv is not None else None}
+            "experts": drv.kernels.get("routed_experts", "the vendor's loop") if drv is not None else None,
+            "head": runner.head_mode}
 
 
 def mean_kld(a: dict, b: dict) -> float:
@@ -137,6 +138,7 @@ def main() -> None:
                  (f"{impl}: MoE FLOP utilisation", f"{util:.1%}" if util is not None else "n/a (CPU)", "100 %"),
                  (f"{impl}: time per part", ", ".join(f"{k} {v:.2f} s" for k, v in sorted(r["parts"].items()) if v >= 0.005),
                   f"wall {r['wall_s']:.2f} s (+ {r['startup_s']:.2f} s building the runner)"),
+                 (f"{impl}: lm head", r["head"], "bf16 where it forms the float32 head's products (fideval.model.execution.head)"),
                  (f"{impl}: weight loading hidden", f"{1 - r['wait_s'] / r['load_s']:.1%}" if r["load_s"] else "n/a", "100 %")]
         if r["memory"] is not None:
             m = r["memory"]

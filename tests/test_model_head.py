@@ -165,13 +165,12 @@ def test_bf16_head_run_differs_from_float32_head_only_by_sum_order(tmp_path):
     assert fast_r.canary["identical"]
 
 
-def test_the_reference_code_refuses_the_bf16_head(tmp_path):
-    """Its head is its driver's (float32, as the vendor computes it): refused before anything is read."""
-    from fideval.model.reference.runner import ReferenceRunner
-
-    with pytest.raises(FidevalError, match="not available with the reference code"):
-        ReferenceRunner(tmp_path / "absent", RunnerOptions(implementation="reference", head="bf16"))
-    assert ReferenceRunner.head_mode == "float32"
+def test_the_setting_refusal_is_the_same_for_the_reference_code():
+    """Both backends take the bf16 head where the setting allows it (tests/test_reference_head.py: the reference
+    runner's): refused before any weight is read only for what the setting rules out."""
+    for impl in ("transformers", "reference"):
+        assert "needs a GPU" in head.setting_refusal(impl, "cpu", torch.bfloat16)
+        assert head.setting_refusal(impl, "cuda", torch.bfloat16) is None
 
 
 def test_a_head_that_changes_between_loads_is_refused(tmp_path, monkeypatch):

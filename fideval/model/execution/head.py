@@ -22,9 +22,6 @@ from __future__ import annotations
 import torch
 
 MODES = ("auto", "float32", "bf16")
-# the reference code's head is its driver's (float32 over every position, as the vendor computes it)
-NOT_WITH_REFERENCE = ("lm head bf16 is not available with the reference code (its driver computes the head in float32 "
-                      "as the vendor's code does)")
 HINT = "use lm head auto or float32"
 
 
@@ -44,9 +41,8 @@ def refusal(why: str) -> str:
 
 def setting_refusal(implementation: str, device_type: str, dtype: torch.dtype) -> str | None:
     """What refuses an asked-for bf16 head that the run's setting alone rules out, before any weight is read
-    (``fideval teacher`` before its store folder exists, ``fideval validate``); None: the runner decides."""
-    if implementation == "reference":
-        return NOT_WITH_REFERENCE
+    (``fideval teacher`` before its store folder exists, ``fideval validate``); None: the runner decides. The same
+    for both backends (the reference code's runner applies its driver's head rows as the transformers runner does)."""
     why = setting_problem(device_type, dtype)
     return refusal(why) if why else None
 

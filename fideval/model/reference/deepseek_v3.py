@@ -130,7 +130,8 @@ class DeepseekV3Driver:
         """This rank's slice of one release tensor, as stored (fp8 stays fp8)."""
         info = self.weights.info(hf)
         rows = deepseek_v3_names.rows_of(dim, info.shape[0] if info.shape else 0, self.rank, self.world)
-        t = self.weights.read(hf, rows=rows) if rows else self.weights.read(hf)
+        pin = self.device.type == "cuda"  # pinned: copied to the device beside the compute (the runner's load stream)
+        t = self.weights.read(hf, rows=rows, pin=pin) if rows else self.weights.read(hf, pin=pin)
         return t if rows else deepseek_v3_names.rank_slice(t, dim, self.rank, self.world, hf)
 
     def _read_all(self, module: torch.nn.Module, prefix: str, linears: set[str]) -> dict:
@@ -162,7 +163,7 @@ class DeepseekV3Driver:
             if owner in linears and leaf == "scale":
                 continue  # the vendor's fp8 scale parameter: filled with its weight below
             hf, dim = deepseek_v3_names.plan(prefix + name)
-            t = reads[hf].result().to(self.device)
+            t = reads[hf].result().to(self.device, non_blocking=True)
             if tuple(t.shape) != tuple(p.shape):
                 raise FidevalError(f"{getattr(self.weights, 'dir', '')}: tensor {hf!r} gives {list(t.shape)} on rank "
                                    f"{self.rank}, the reference code expects {list(p.shape)}",
@@ -173,7 +174,7 @@ class DeepseekV3Driver:
                 if dim is not None and self.world > 1 and (self.weights.info(hf).shape[dim] // self.world) % self.block_size:
                     raise FidevalError(f"{hf}: its FP8 blocks of {self.block_size} do not split over {self.world} ranks",
                                        hint="choose a model-parallel size whose slices hold whole scale blocks")
-                s = reads[hf + SCALE].result().to(self.device)
+                s = reads[hf + SCALE].result().to(self.device, non_blocking=True)
                 if transform:
                     t = deepseek_v3_kernels.dequant_f32(t, s, self.block_size).to(dtype)
                 else:
@@ -228,6 +229,11 @@ class DeepseekV3Driver:
             with self._vendor():
                 self._embed = self._fill(emb, "embed.")
         return self._embed
+
+    def preload(self, part: str) -> None:
+        """Load what every chunk reuses, on the runner's prefetch thread: ``embed`` (the embedding) or ``head``
+        (the final norm and the head)."""
+        self._load_embed() if part == "embed" else self._load_head()
 
     def begin(self, tokens: torch.Tensor) -> torch.Tensor:
         self._load_embed()

@@ -282,6 +282,12 @@ class DeepseekV32Driver:
                 self._freqs = self.m.precompute_freqs_cis(self.args).to(self.device)
         return self._freqs[:length]
 
+    def preload(self, part: str) -> None:
+        """Load what every chunk reuses, on the runner's prefetch thread: ``embed`` (the embedding) or ``head``
+        (the final norm and the head)."""
+        for name in (("embed",) if part == "embed" else ("norm", "head")):
+            self._top_module(name)
+
     def begin(self, tokens: torch.Tensor):
         with torch.inference_mode(), default_dtype(self.dtype):
             self._set_globals()

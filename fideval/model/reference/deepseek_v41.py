@@ -223,6 +223,12 @@ class DeepseekV41Driver:
         return torch.device(self.device) if self.device.type != "cpu" else contextlib.nullcontext()
 
     # -- per-sequence setup ----------------------------------------------------------------------------
+    def preload(self, part: str) -> None:
+        """Load what every chunk reuses, on the runner's prefetch thread: ``embed`` (the embedding; the Engram hash
+        module is built with the driver) or ``head`` (the final norm and the head)."""
+        with vendor_dtype(), self._default_device(), torch.inference_mode():
+            self._resident(*(("_embed", self._build_embed) if part == "embed" else ("_head", self._build_head)))
+
     def begin(self, tokens: torch.Tensor) -> V41State:
         with vendor_dtype(), self._default_device(), torch.inference_mode():
             tokens = tokens.to(self.device, torch.long)

@@ -69,19 +69,15 @@ class ReferenceRunner(LayerMajor):
     """One model, one device, optionally one rank of N, run by the vendor's code (``options``: a
     :class:`~fideval.model.runner.RunnerOptions`; its ``code``, ``trust_remote_code``, ``reference`` and
     ``reference_experts`` fields select the code, the trust, the driver's own options and its routed experts'
-    path). The head is the driver's: float32 over every position (its ``finish``), so ``options.head`` ``bf16``
-    is refused."""
-
-    head_mode = "float32"
+    path). The head: the driver's ``finish`` (float32 over every position, as the vendor computes it) with ``lm head``
+    float32, or with ``bf16`` (``auto`` where it forms the same products, :meth:`_choose_head`) the driver's final
+    norm (``head_input``) and its head's weight as bfloat16 operands with float32 sums and logits
+    (fideval.model.execution.head): the vendor's products summed in another order."""
 
     def __init__(self, weights: WeightSource | str | Path, options, *, rank: int = 0, world: int = 1, group=None,
                  ledger: Ledger | None = None, timeline: Timeline | None = None):
         determinism.configure()
         self.options = opts = options
-        if opts.head == "bf16":
-            from fideval.model.execution.head import HINT, NOT_WITH_REFERENCE
-
-            raise FidevalError(NOT_WITH_REFERENCE, hint=HINT)
         self.output = getattr(opts, "output", "logits")
         if self.output not in ("logits", "hidden"):
             raise FidevalError(f"runner output {self.output!r} is not logits or hidden", hint="this is a bug in the caller")
@@ -100,6 +96,10 @@ class ReferenceRunner(LayerMajor):
                                   act_transform=check_act_transform(opts.act_transform),
                                   **{"experts": getattr(opts, "reference_experts", "vendor"), **dict(opts.reference or {})})
         self.rank, self.world, self.group = rank, world, group
+        # loads copy on their own CUDA stream, beside the computing layer (the default stream would queue them behind it)
+        self.side = torch.cuda.Stream(self.device) if self.device.type == "cuda" else None
+        self._bf16_head: torch.Tensor | None = None
+        self.head_mode = self._choose_head()
         self.micro_batch = max(1, int(opts.micro_batch))
         self.host_budget = opts.host_budget_bytes or DEFAULT_HOST_BUDGET
         self.ledger = ledger or Ledger()
@@ -134,8 +134,9 @@ class ReferenceRunner(LayerMajor):
     def export_head(self) -> tuple[torch.Tensor, dict]:
         """The vendor's head as its ``finish`` applies it -- ``F.linear(x.float(), W)`` with the float32 weight every
         driver keeps (V3's and V3.2's ColumnParallelLinear, V4.1's ParallelHead) -- its rows gathered over the ranks,
-        on the CPU, and how: a hidden store's head (fideval.store.head), replayed in float32 as the vendor computes it.
-        The states a hidden store keeps are the norm's output in the run's dtype (``head_input``)."""
+        on the CPU, and how: a hidden store's head (fideval.store.head), replayed in this run's head mode (float32 as
+        the vendor computes it, or bf16: the same products, :meth:`_choose_head`). The states a hidden store keeps are
+        the norm's output in the run's dtype (``head_input``)."""
         w = self.driver.head_weight().detach()
         if self.world > 1:
             import torch.distributed as dist
@@ -144,7 +145,7 @@ class ReferenceRunner(LayerMajor):
             dist.all_gather(parts, w.contiguous(), group=self.group)
             w = torch.cat(parts, dim=0)
         w = w.to("cpu", torch.float32)[: self.vocab_size]
-        info = {"lm_head": "float32", "finish": None, "source": "head.weight (the reference code's)", "tied": False,
+        info = {"lm_head": self.head_mode, "finish": None, "source": "head.weight (the reference code's)", "tied": False,
                 "hidden_dtype": str(self.dtype).removeprefix("torch."), "hidden_size": int(w.shape[1])}
         return w, info
 
@@ -159,14 +160,91 @@ class ReferenceRunner(LayerMajor):
             out["model"] = describe()
         return out
 
-    def _load(self, key: tuple) -> torch.nn.Module:
-        mod = self.driver.load_layer(int(key[1]))
+    def _choose_head(self) -> str:
+        """The head's mode (fideval.model.execution.head): ``options.head``, or for ``auto`` ``bf16`` where it forms the
+        vendor's float32 products -- a GPU, bfloat16 layers, no activation transform on the head, and the head's
+        weights (as the driver applies them, after a candidate's transform) bfloat16 values -- else ``float32``. The
+        bf16 mode keeps a bfloat16 copy of this rank's head rows (the driver's float32 ones stay for ``finish``).
+        Under model parallel every rank takes the same mode."""
+        from fideval.model.execution import head as head_math
+
+        want = self.options.head
+        if want not in head_math.MODES:
+            raise FidevalError(f"lm head mode {want!r} is not known", hint=f"use one of {', '.join(head_math.MODES)}")
+        if want == "float32":
+            return "float32"
+        why = head_math.unusable(self.device, self.dtype, self.options.act_transform)
+        if why is None:
+            w = self.driver.head_weight()  # loads the resident head (kept for the run)
+            if not head_math.exact(w):
+                why = "its weights (after the candidate's transform) are not bfloat16 values"
+            else:
+                self._bf16_head = w.detach().to(torch.bfloat16)
+        if self.world > 1:  # one rank's rows may be exact where another's are not
+            import torch.distributed as dist
+
+            flag = torch.tensor([0 if why else 1], device=self.device)
+            dist.all_reduce(flag, op=dist.ReduceOp.MIN, group=self.group)
+            why = why or (None if int(flag) else "another rank's lm head rows are not bfloat16 values")
+        if why:
+            self._bf16_head = None
+            if want == "bf16":
+                raise FidevalError(head_math.refusal(why), hint=head_math.HINT)
+            return "float32"
+        return "bf16"
+
+    def _logits(self, state) -> torch.Tensor:
+        """Float32 logits over every position and the whole vocabulary: the driver's ``finish``, or (bf16 head) its
+        final norm's output through the bfloat16 head rows, gathered over the ranks."""
+        if self._bf16_head is None:
+            return self.driver.finish(state)
+        x = self.driver.head_input(state)
+        if x.dtype != torch.bfloat16:
+            raise FidevalError(f"the reference code's final norm returned {x.dtype}, not bfloat16: the bf16 head cannot "
+                               "take it", hint="run with lm head float32")
+        logits = torch.mm(x.reshape(-1, x.shape[-1]), self._bf16_head.t(), out_dtype=torch.float32)
+        logits = logits.view(*x.shape[:-1], logits.shape[-1])
+        if self.world > 1:
+            import torch.distributed as dist
+
+            parts = [torch.empty_like(logits) for _ in range(self.world)]
+            dist.all_gather(parts, logits.contiguous(), group=self.group)
+            logits = torch.cat(parts, dim=-1)
+        return logits
+
+    def _load(self, key: tuple) -> torch.nn.Module | None:
+        """One prefetch unit: ``(chunk, "embed" | layer index | "head")``. The embedding and the head are the driver's
+        to keep across chunks (``preload``; loaded here the first time, on the prefetch thread, so the embedding's
+        read overlaps nothing less than before and the head's overlaps the last layer's compute)."""
+        with torch.cuda.stream(self.side) if self.side is not None else nullcontext():
+            mod = None
+            if key[1] in ("embed", "head"):
+                preload = getattr(self.driver, "preload", None)
+                if callable(preload):
+                    preload(key[1])
+            else:
+                mod = self.driver.load_layer(int(key[1]))
+            if self.side is not None:
+                ev = torch.cuda.Event()
+                ev.record(self.side)
+                ev.synchronize()  # the weights are on the device before the compute stream may read them
+        if mod is None:
+            return None
         if (self.routes is not None or self.forcer is not None) and int(key[1]) in self.routing.layers:
             from fideval.model.reference import gate_routes
 
             gate_routes.install(mod, int(key[1]), self.routing.gate, record=self.routes, force=self.forcer)
         self.ledger.track(key, mod)
         return mod
+
+    def _after_compute(self) -> None:
+        """Before a unit's weights go back: the load stream waits for what the compute stream has queued, so the
+        next load's copies never land in memory the last layer's kernels still read (its blocks are the load stream's
+        to reuse once freed)."""
+        if self.side is not None:
+            ev = torch.cuda.Event()
+            ev.record(torch.cuda.current_stream(self.device))
+            self.side.wait_event(ev)
 
     def _announce(self, rows: list[int] | None, length: int = 0, again: bool = False, *, chunk: bool = False) -> None:
         """The rows the next gate calls route (None: none; ``chunk``: a new chunk, routes not taken are dropped);
@@ -184,7 +262,7 @@ class ReferenceRunner(LayerMajor):
         """One chunk layer by layer (``solo`` is the transformers runner's MoE-block composition: unused here, every
         micro-batch is its own forward); no timeline part is open across a ``yield``."""
         drv, tl = self.driver, self.timeline
-        units = [(ci, i) for i in range(drv.n_layers)]
+        units = [(ci, "embed")] + [(ci, i) for i in range(drv.n_layers)] + [(ci, "head")]
         self.stats["chunks"] += 1
         with tl.part("setup"):
             pf = Prefetch(units, self._load, 1 if self.options.prefetch else 0, self.stats)
@@ -195,11 +273,14 @@ class ReferenceRunner(LayerMajor):
         try:
             with torch.inference_mode():
                 self._announce(None, chunk=True)
+                with tl.part("load_wait"):
+                    pf.get()  # the embedding
                 states = []
                 for j, mb in enumerate(mbs):
                     with mb_part(j), tl.part("embed"):
                         ids = torch.from_numpy(np.ascontiguousarray(tokens[mb], dtype=np.int64)).to(self.device)
                         states.append(drv.begin(ids))
+                pf.release()
                 for i in range(drv.n_layers):
                     with tl.part("load_wait"):
                         layer = pf.get()
@@ -215,13 +296,17 @@ class ReferenceRunner(LayerMajor):
                             states[j] = drv.forward_layer(i, layer, states[j])
                     self._announce(None)
                     del layer
+                    self._after_compute()
                     pf.release()
+                with tl.part("load_wait"):
+                    pf.get()  # the final norm and the head
                 for j, mb in enumerate(mbs):
                     with mb_part(j), tl.part("head"):  # a hidden store's: the head's input (replicated over ranks)
-                        logits = drv.head_input(states[j]) if self.output == "hidden" else drv.finish(states[j])
+                        logits = drv.head_input(states[j]) if self.output == "hidden" else self._logits(states[j])
                         states[j] = None
                     for r, row in enumerate(mb):
                         yield j, row, logits[r]
+                pf.release()
         finally:
             pf.close()
 
