@@ -175,7 +175,7 @@ class TeacherConfig(Strict):
         "the layers' dtype, 14 KB a row at DeepSeek-V3 sizes in bfloat16) with the lm head as used beside it, from which "
         "every reader replays the FP32 logits on its device; or `logits`, the FP32 logits themselves (V x 4 bytes a row, "
         "517 KB at V = 129,280), the seed's format; auto: hidden, with either backend (the reference code's head is "
-        "the vendor's float32 F.linear, replayed as such: docs/formats-store.md)")
+        "replayed in the mode its run used: the vendor's float32 F.linear, or bf16 on a GPU: docs/formats-store.md)")
     fused: bool = Field(
         False, description="run the teacher and every emulated candidate (both paths) in one pass per length and "
         "domain (`fideval fused`): each layer read once, candidates scored against the teacher's logits on the GPU "

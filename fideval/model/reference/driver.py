@@ -47,7 +47,11 @@ Contract (every method runs under ``torch.inference_mode``):
 * ``forward_layer(i, module, state) -> state``: the vendor's block on every position (start_pos 0, caches
   sized for B x L, freshly reset for each call).
 * ``finish(state) -> logits``: final norm and the head in float32 over every position, full vocabulary on
-  every rank (gathered as the vendor does): float32 [B, L, V].
+  every rank (gathered as the vendor does): float32 [B, L, V]. ``head_input(state)``: what ``finish`` hands its
+  head (the final norm's output); ``head_weight()``: this rank's head rows as ``finish`` applies them (the runner's
+  bf16 head and a hidden store's head come from these two).
+* optional ``preload(part)``: load what every chunk reuses -- ``embed`` (the embedding) or ``head`` (final norm
+  and head) -- once, kept; the runner calls it on its prefetch thread (on a GPU, on its load stream).
 * ``vendor_logits(tokens, prepare=None) -> logits`` (tests only): the vendor's own ``Transformer.forward`` on
   the same weights, float32 [B, V] at the last position -- the parity oracle (``prepare(model)``: a test's own
   hooks on the vendor's model before it runs).
