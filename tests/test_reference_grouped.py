@@ -307,3 +307,16 @@ def test_model_parallel_2_keeps_each_ranks_expert_slice(v3, tmp_path):
         assert torch.equal(r["grouped"], r["vendor"]) and torch.equal(r["grouped"], ranks[0]["grouped"])
         assert torch.equal(r["ours_last"], r["vendor_last"])
         assert r["routed"].startswith("grouped: torch._grouped_mm")
+
+
+def test_the_stack_is_built_as_the_layer_loads(v3):
+    """On the loading thread (the runner's prefetch thread, its load stream on a GPU), not in the first call: the
+    first MoE call finds its plan; a layer whose experts carry hooks the grouped path cannot honour gets none."""
+    from fideval.model.reference import grouped_experts as ge
+
+    d = rv3.driver(v3["fp8"], dtype=torch.bfloat16, experts="grouped")
+    i = d.args.n_dense_layers
+    plan = getattr(d.load_layer(i).ffn, ge._PLAN)
+    assert isinstance(plan, ge.Plan) and plan.w1.weight.dtype == torch.bfloat16  # the vendor's weight_dequant dtype
+    assert plan.w1.weight.shape[0] == d.args.n_routed_experts
+    assert not hasattr(d.load_layer(0).ffn, ge._PLAN)  # a dense layer

@@ -12,7 +12,7 @@ sequence length ``L``, hidden size ``H`` (docs/runner.md, "Run settings and acco
 * weights ``W = 2 x`` the largest unit (a decoder layer as this rank holds it, the embedding, or the float32
   lm head): the current unit and the one being prefetched; with the vendor's code and ``model.reference_experts:
   grouped``, plus the grouped path's stacked copy of a MoE layer's local routed experts (``experts / world x 3 x H x
-  I x b``, fideval.model.reference.grouped_experts: built when the layer first runs, kept while it is loaded);
+  I x b``, fideval.model.reference.grouped_experts: built as the layer loads, kept while it is loaded);
 * reserve ``R = 2 GiB + 8 % of F`` (CUDA context growth, cuBLAS workspaces, allocator fragmentation);
 * activations ``A = F - W - R``, shared by the chunk's hidden states and the largest phase of a layer;
 * per token: attention ``b (2 (q + k + v) + v + 4 H)`` (q, k, v widths of all heads: projections and their

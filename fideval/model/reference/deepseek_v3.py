@@ -210,9 +210,9 @@ class DeepseekV3Driver:
     # -- the contract ----------------------------------------------------------------------------------
     def load_layer(self, i: int) -> torch.nn.Module:
         block = self._build(lambda: self.m.Block(i, self.args))
-        with self._vendor():
+        with self._vendor():  # the grouped stack too: the vendor's weight_dequant writes the default dtype
             block = self._fill(block, f"layers.{i}.")
-        return self.grouped.install(block) if self.grouped is not None else block
+            return self.grouped.install(block) if self.grouped is not None else block
 
     def routing(self):
         """The MoE layers (those past the ``n_dense_layers`` dense ones), experts, top-k and the vendor's ``Gate``

@@ -229,7 +229,7 @@ def _gemm(x: torch.Tensor, w: torch.Tensor, counts: list[int], offs: torch.Tenso
 
 
 class Plan:
-    """A loaded MoE's stacked expert weights (built on its first grouped call, kept while the layer is)."""
+    """A loaded MoE's stacked expert weights (built as the layer loads, kept while the layer is)."""
 
     def __init__(self, fam: Family, m, moe, device: torch.device):
         experts = [moe.experts[i] for i in range(moe.experts_start_idx, moe.experts_end_idx)]
@@ -265,16 +265,24 @@ class Grouped:
         kernels["routed_experts"] = "grouped (fideval.model.reference.grouped_experts; what ran, once it has)"
 
     def install(self, block: torch.nn.Module) -> torch.nn.Module:
-        """The grouped forward on ``block``'s MoE (a dense block is left alone); returns ``block``."""
+        """The grouped forward on ``block``'s MoE (a dense block is left alone), its stacked weights built now: on the
+        runner's prefetch thread (and, on a GPU, its load stream) while the previous layer computes, not on the first
+        call. Their bytes are within what sizing keeps for two loaded layers (fideval.model.sizing counts a unit in
+        the compute dtype, twice, and one stack: a stored FP8/FP4 layer is at most half its bf16 size). Returns
+        ``block``."""
         moe = getattr(block, "ffn", None)
         if moe is None or not isinstance(moe, self.m.MoE):
             return block
         ref, fwd = weakref.ref(moe), _FORWARDS[self.family]
         moe.forward = lambda *a, **kw: fwd(self, ref(), *a, **kw)  # a weak reference: no cycle keeps the layer alive
+        first = moe.experts[moe.experts_start_idx]
+        if first is not None and not _hooked(moe):
+            self.plan(moe, first.w1.weight.device)
         return block
 
     def plan(self, moe, device: torch.device) -> Plan | None:
-        """``moe``'s stacked weights (built on its first call); None: this call takes the vendor's loop."""
+        """``moe``'s stacked weights (built when the layer loads, :meth:`install`, or else on its first call); None:
+        this call takes the vendor's loop."""
         plan = False if _hooked(moe) else getattr(moe, _PLAN, None)
         if plan is None:
             try:
