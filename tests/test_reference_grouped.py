@@ -320,3 +320,26 @@ def test_the_stack_is_built_as_the_layer_loads(v3):
     assert isinstance(plan, ge.Plan) and plan.w1.weight.dtype == torch.bfloat16  # the vendor's weight_dequant dtype
     assert plan.w1.weight.shape[0] == d.args.n_routed_experts
     assert not hasattr(d.load_layer(0).ffn, ge._PLAN)  # a dense layer
+
+
+def test_with_gemm_bf16_the_experts_keep_only_the_stack_and_the_loop_gives_its_bits(v3):
+    """V3's FP8 experts under gemm_impl bf16: each expert's weight becomes its bf16 slice of the stack (the FP8 copy is
+    freed); the vendor's loop over such a layer (what a hooked layer falls back to) gives the untouched loop's bits."""
+    from fideval.model.reference import grouped_experts as ge
+
+    toks = rv3.tokens(2, 24)
+    d = rv3.driver(v3["fp8"], dtype=torch.bfloat16, experts="grouped")
+    i = d.args.n_dense_layers
+    block = d.load_layer(i)
+    stack = getattr(block.ffn, ge._PLAN).w1.weight
+    e = block.ffn.experts[0]
+    assert e.w1.weight.dtype == torch.bfloat16 and e.w1.weight.data_ptr() == stack[0].data_ptr()
+    loop = rv3.driver(v3["fp8"], dtype=torch.bfloat16)
+    assert loop.load_layer(i).ffn.experts[0].w1.weight.dtype == torch.float8_e4m3fn
+    with torch.inference_mode():
+        x = loop.begin(toks)
+        for j in range(i):
+            x = loop.forward_layer(j, loop.load_layer(j), x)
+        got = d.forward_layer(i, ge.vendor_loop(block), x.clone())
+        want = loop.forward_layer(i, loop.load_layer(i), x.clone())
+    assert torch.equal(got, want)

@@ -180,6 +180,12 @@ class _Proj:
         for i, (_, make, _) in enumerate(ops):
             w[i] = first if i == 0 else make(dtype)
         self.weight = w
+        if self.kind == "weight_dequant + F.linear":
+            # V3 with gemm_impl bf16: the vendor's linear dequantizes the FP8 weight on every call and then takes
+            # F.linear, which is what it takes for a weight already of the run's dtype: each expert's weight becomes
+            # its slice of the stack (the same values), and the FP8 copy goes (a DeepSeek-V3 layer: 11.3 GB)
+            for i, lin in enumerate(lins):
+                lin.weight = torch.nn.Parameter(w[i], requires_grad=False)
 
     def __call__(self, x: torch.Tensor, counts: list[int], offs: torch.Tensor, used: set) -> torch.Tensor:
         for hook in self.lin._forward_pre_hooks.values():
