@@ -225,8 +225,9 @@ class DeepseekV41Driver:
     # -- per-sequence setup ----------------------------------------------------------------------------
     def preload(self, part: str) -> None:
         """Load what every chunk reuses, on the runner's prefetch thread: ``embed`` (the embedding; the Engram hash
-        module is built with the driver) or ``head`` (the final norm and the head)."""
-        with vendor_dtype(), self._default_device(), torch.inference_mode():
+        module is built with the driver) or ``head`` (the final norm and the head). Only their construction takes the
+        vendor lock (``_build_*``): reading and placing them runs beside the computing layer."""
+        with torch.inference_mode():
             self._resident(*(("_embed", self._build_embed) if part == "embed" else ("_head", self._build_head)))
 
     def begin(self, tokens: torch.Tensor) -> V41State:
