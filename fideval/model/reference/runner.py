@@ -214,8 +214,9 @@ class ReferenceRunner(LayerMajor):
 
     def _load(self, key: tuple) -> torch.nn.Module | None:
         """One prefetch unit: ``(chunk, "embed" | layer index | "head")``. The embedding and the head are the driver's
-        to keep across chunks (``preload``; loaded here the first time, on the prefetch thread, so the embedding's
-        read overlaps nothing less than before and the head's overlaps the last layer's compute)."""
+        to keep across chunks (``preload``; loaded here the first time, on the prefetch thread: the embedding's read
+        leaves the compute thread, the head's overlaps the last layer's compute). On a GPU every load runs on the load
+        stream and is complete on the device when this returns."""
         with torch.cuda.stream(self.side) if self.side is not None else nullcontext():
             mod = None
             if key[1] in ("embed", "head"):
