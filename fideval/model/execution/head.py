@@ -62,6 +62,22 @@ def unusable(device: torch.device, dtype: torch.dtype, act_transform: dict | Non
     return None
 
 
+def settle(want: str, why: str | None, device: torch.device, world: int = 1, group=None) -> str:
+    """The mode a run takes, every rank alike: ``bf16`` where no rank has a reason against it (``why``: this rank's,
+    None: none), else ``float32`` -- or, where ``want`` was ``bf16``, the one-line refusal naming the reason."""
+    from fideval.errors import FidevalError
+
+    if world > 1:  # one rank's rows may be exact where another's are not
+        import torch.distributed as dist
+
+        flag = torch.tensor([0 if why else 1], device=device)
+        dist.all_reduce(flag, op=dist.ReduceOp.MIN, group=group)
+        why = why or (None if int(flag) else "another rank's lm head rows are not bfloat16 values")
+    if why and want == "bf16":
+        raise FidevalError(refusal(why), hint=HINT)
+    return "float32" if why else "bf16"
+
+
 def exact(w: torch.Tensor) -> bool:
     """Every value of ``w`` is a bfloat16 value (so casting loses nothing)."""
     return bool(torch.equal(w.to(torch.bfloat16).to(w.dtype), w))

@@ -96,13 +96,5 @@ class HeadLoading:
             if self.device.type == "cuda":
                 torch.cuda.synchronize(self.device)  # the pinned staging of the read is done with
             del w, norm
-        if self.world > 1:  # one rank's rows may be exact where another's are not
-            import torch.distributed as dist
-
-            flag = torch.tensor([0 if why else 1], device=self.device)
-            dist.all_reduce(flag, op=dist.ReduceOp.MIN, group=self.group)
-            why = why or (None if int(flag) else "another rank's lm head rows are not bfloat16 values")
-        if why and want == "bf16":
-            raise FidevalError(head_math.refusal(why), hint=head_math.HINT)
-        return "float32" if why else "bf16"
+        return head_math.settle(want, why, self.device, self.world, self.group)
 

@@ -180,18 +180,10 @@ class ReferenceRunner(LayerMajor):
                 why = "its weights (after the candidate's transform) are not bfloat16 values"
             else:
                 self._bf16_head = w.detach().to(torch.bfloat16)
-        if self.world > 1:  # one rank's rows may be exact where another's are not
-            import torch.distributed as dist
-
-            flag = torch.tensor([0 if why else 1], device=self.device)
-            dist.all_reduce(flag, op=dist.ReduceOp.MIN, group=self.group)
-            why = why or (None if int(flag) else "another rank's lm head rows are not bfloat16 values")
-        if why:
+        mode = head_math.settle(want, why, self.device, self.world, self.group)
+        if mode == "float32":
             self._bf16_head = None
-            if want == "bf16":
-                raise FidevalError(head_math.refusal(why), hint=head_math.HINT)
-            return "float32"
-        return "bf16"
+        return mode
 
     def _logits(self, state) -> torch.Tensor:
         """Float32 logits over every position and the whole vocabulary: the driver's ``finish``, or (bf16 head) its
